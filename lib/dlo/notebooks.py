@@ -1,0 +1,247 @@
+"""Run notebooks in batch (papermill) and generate the student versions of the exercise notebooks.
+
+Source notebooks hold the solutions. Inside a code cell, a solution region is written::
+
+    # BEGIN SOLUTION: wrap the forward pass and the loss in torch.autocast
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = criterion(model(images), labels)
+    # END SOLUTION
+
+and the student version replaces it with a stub at the same indentation::
+
+    # TODO: wrap the forward pass and the loss in torch.autocast
+    raise NotImplementedError("wrap the forward pass and the loss in torch.autocast")
+
+``dlo student`` (``make student``) rewrites every ``<folder>/student/<name>.ipynb`` from
+``<folder>/<name>.ipynb``; a test fails when a committed student notebook is stale.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from .paths import ROOT, RUNS_DIR
+
+COURSE_DIRS = ("Jour1", "Jour2", "Jour3", "Jour4", "tp_fsdp", "tp_pipeline", "tp_tensor_parallel")
+PROFILES = ("smoke", "full")
+STUDENT_DIR = "student"
+KERNEL_NAME = "dlo"
+
+_BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?::\s*(?P<hint>.*\S))?\s*$")
+_END = re.compile(r"^[ \t]*# END SOLUTION\s*$")
+
+
+class NotebookError(RuntimeError):
+    """A notebook could not be run; the message is one line naming the cell and the error."""
+
+
+def resolve_profile(profile: str) -> str:
+    """'smoke' | 'full' | 'auto' (full when a CUDA GPU is visible, else smoke) -> 'smoke' or 'full'."""
+    if profile == "auto":
+        import torch
+
+        return "full" if torch.cuda.is_available() else "smoke"
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}: use 'smoke' (CPU, minutes, tiny data), "
+                         "'full' (GPU node, real sizes) or 'auto'")
+    return profile
+
+
+# --------------------------------------------------------------------------------------------------
+# Student versions
+# --------------------------------------------------------------------------------------------------
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """Replace every ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` region of ``source`` by a stub."""
+    out: list[str] = []
+    inside: re.Match | None = None
+    for lineno, line in enumerate(source.splitlines(), 1):
+        begin = _BEGIN.match(line)
+        if inside is None:
+            if begin:
+                inside = begin
+                hint = begin.group("hint") or "write this part"
+                indent = begin.group("indent")
+                out.append(f"{indent}# TODO: {hint}")
+                out.append(f"{indent}raise NotImplementedError({hint!r})")
+            elif _END.match(line):
+                raise ValueError(f"{where}, line {lineno}: '# END SOLUTION' without a matching '# BEGIN SOLUTION'")
+            else:
+                out.append(line)
+        else:
+            if begin:
+                raise ValueError(f"{where}, line {lineno}: nested '# BEGIN SOLUTION' (close the previous region first)")
+            if _END.match(line):
+                inside = None
+    if inside is not None:
+        raise ValueError(f"{where}: '# BEGIN SOLUTION' is never closed by '# END SOLUTION'")
+    return "\n".join(out)
+
+
+def has_solutions(source: str) -> bool:
+    return any(_BEGIN.match(line) for line in source.splitlines())
+
+
+def strip_outputs(nb: dict[str, Any]) -> dict[str, Any]:
+    """Remove outputs and execution counts (committed notebooks carry none)."""
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        for key in ("execution", "papermill"):
+            cell.get("metadata", {}).pop(key, None)
+    nb.get("metadata", {}).pop("papermill", None)
+    return nb
+
+
+def _source(cell: dict[str, Any]) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def student_path(source_nb: str | Path) -> Path:
+    source_nb = Path(source_nb)
+    return source_nb.parent / STUDENT_DIR / source_nb.name
+
+
+def make_student(source_nb: str | Path) -> dict[str, Any]:
+    """The student version of a source notebook (as a JSON-able dict)."""
+    source_nb = Path(source_nb)
+    nb = strip_outputs(json.loads(source_nb.read_text()))
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            src = _source(cell)
+            if has_solutions(src):
+                new = strip_solutions(src, where=f"{source_nb.name} cell {i}")
+                ast.parse(new)  # a stub must leave valid Python behind
+                cell["source"] = new
+    banner = {
+        "cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
+        "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; the cells "
+                   "marked `TODO` raise `NotImplementedError` until you write them. Each exercise has a "
+                   "check cell right after it; from a terminal: `dlo check <notebook> <step>`."),
+    }
+    nb["cells"] = [banner] + nb["cells"]
+    return nb
+
+
+def dumps(nb: dict[str, Any]) -> str:
+    """Stable JSON text for a notebook (same layout as Jupyter: indent 1, sorted keys, trailing newline)."""
+    return json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def source_notebooks(root: str | Path = ROOT) -> list[Path]:
+    """Every course notebook that holds solution regions (student copies excluded)."""
+    root = Path(root)
+    found = []
+    for d in COURSE_DIRS:
+        for nb in sorted((root / d).glob("*.ipynb")):
+            cells = json.loads(nb.read_text())["cells"]
+            if any(c["cell_type"] == "code" and has_solutions(_source(c)) for c in cells):
+                found.append(nb)
+    return found
+
+
+def write_students(notebooks: Iterable[str | Path] | None = None, check_only: bool = False) -> list[Path]:
+    """(Re)write student notebooks. With ``check_only``, write nothing and return the stale ones."""
+    stale = []
+    for src in (notebooks if notebooks is not None else source_notebooks()):
+        dst = student_path(src)
+        text = dumps(make_student(src))
+        if not dst.is_file() or dst.read_text() != text:
+            stale.append(dst)
+            if not check_only:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text)
+    return stale
+
+
+# --------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------
+
+def parameters_of(nb_path: str | Path) -> dict[str, Any]:
+    """Names and default values of the notebook's ``parameters`` cell (literals only)."""
+    nb = json.loads(Path(nb_path).read_text())
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            values: dict[str, Any] = {}
+            for node in ast.parse(_source(cell)).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    try:
+                        values[node.targets[0].id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        values[node.targets[0].id] = ast.unparse(node.value)
+            return values
+    raise NotebookError(f"{nb_path} has no cell tagged 'parameters': add the tag to its first code cell")
+
+
+def parse_value(text: str) -> Any:
+    """Command-line parameter values: Python/JSON literals when they parse (1, 0.5, True, None, [1, 2]), else str."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        low = text.lower()
+        if low in ("true", "false", "null", "none"):
+            return {"true": True, "false": False}.get(low)
+        return text
+
+
+def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
+                 out_dir: str | Path | None = None, kernel_name: str | None = None,
+                 log_output: bool = True, timeout_s: float | None = None) -> Path:
+    """Execute ``notebook`` with papermill into ``runs/<stem>/<stem>.ipynb`` and return that path.
+
+    The notebook runs in its own folder (as in JupyterLab), gets ``profile`` (and ``out_dir`` when it
+    declares that parameter) injected, and any failing cell raises :class:`NotebookError` naming it.
+    """
+    import papermill as pm
+
+    notebook = Path(notebook).resolve()
+    if not notebook.is_file() or notebook.suffix != ".ipynb":
+        raise NotebookError(f"no notebook at {notebook}: give the path of an .ipynb file, e.g. Jour1/jour1.ipynb")
+    profile = resolve_profile(profile)
+    declared = parameters_of(notebook)
+    params = {"profile": profile, **(parameters or {})}
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise NotebookError(f"{notebook.name} has no parameter(s) {', '.join(unknown)}; "
+                            f"its parameters are: {', '.join(declared)}")
+    out = Path(out_dir).resolve() if out_dir else (RUNS_DIR / notebook.stem).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if "out_dir" in declared and "out_dir" not in params:
+        params["out_dir"] = str(out)
+    executed = out / notebook.name
+    try:
+        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
+                            cwd=str(notebook.parent), log_output=log_output, progress_bar=False,
+                            execution_timeout=timeout_s)
+    except pm.PapermillExecutionError as exc:
+        first = _first_line_of_cell(executed, exc.cell_index)
+        raise NotebookError(f"{notebook.name}: cell {exc.exec_count} ({first}) failed with {exc.ename}: "
+                            f"{str(exc.evalue).splitlines()[0] if exc.evalue else ''} -- executed copy: {executed}") from None
+    return executed
+
+
+def _first_line_of_cell(nb_path: Path, index: int) -> str:
+    try:
+        cell = json.loads(nb_path.read_text())["cells"][index]
+        lines = [ln for ln in _source(cell).splitlines() if ln.strip()]
+        return lines[0][:60] if lines else "empty cell"
+    except Exception:  # noqa: BLE001 - only used to decorate the message
+        return f"cell index {index}"
+
+
+def check_clean(notebooks: Iterable[str | Path]) -> list[Path]:
+    """Notebooks that carry outputs or execution counts (they should be committed clean)."""
+    dirty = []
+    for nb_path in notebooks:
+        nb = json.loads(Path(nb_path).read_text())
+        if any(c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count")) for c in nb["cells"]):
+            dirty.append(Path(nb_path))
+    return dirty
