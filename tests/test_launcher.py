@@ -1,0 +1,119 @@
+"""dlo.env.launch end to end: real processes talking over gloo on this machine's CPU."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dlo  # noqa: F401
+from dlo.env import LaunchError, _blame, free_port, launch
+
+SCRIPTS = Path(__file__).parent / "scripts"
+distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
+
+
+@distributed
+def test_launch_allreduce_two_ranks(tmp_path, capsys):
+    records = launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path, timeout_s=120, use_srun=False)
+
+    assert [r["rank"] for r in records] == [0, 1]
+    assert all(r["world_size"] == 2 and r["sum"] == 3.0 for r in records)  # (0 + 1) + (1 + 1)
+    assert {r["backend"] for r in records} == {"gloo"} and {r["source"] for r in records} == {"torchrun"}
+
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank{rank}] hello from rank {rank} of 2 (torchrun): sum=3" in out.splitlines()
+        assert f"[rank{rank}] a line on stderr from rank {rank}" in out.splitlines()  # stderr is streamed too
+    assert "[default" not in out  # torchrun's own prefix is normalised away
+    assert (tmp_path / "launch.log").read_text().count("[rank") >= 4
+
+
+@distributed
+def test_launch_failure_names_the_rank_that_failed_first(tmp_path, capsys):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as err:
+        launch(SCRIPTS / "fail_rank1.py", nproc=2, records_dir=tmp_path, timeout_s=90, use_srun=False)
+    elapsed = time.monotonic() - start
+    exc = err.value
+
+    msg = str(exc)
+    assert "\n" not in msg
+    assert msg.startswith("rank 1 of fail_rank1.py failed with exit code 1: ValueError: boom")
+    assert (exc.rank, exc.exit_code, exc.last_line, exc.timed_out) == (1, 1, "ValueError: boom", False)
+    assert "[rank1] ValueError: boom" in exc.log.splitlines()  # the full log is kept, one rank prefix per line
+    assert "[rank1] ValueError: boom" in capsys.readouterr().out
+    assert elapsed < 60, f"rank 0 was left waiting for the dead rank 1 ({elapsed:.0f} s)"
+
+
+@distributed
+def test_launch_timeout_stops_the_run(tmp_path):
+    with pytest.raises(LaunchError) as err:
+        launch(SCRIPTS / "hang.py", nproc=2, records_dir=tmp_path, timeout_s=10, use_srun=False, echo=False)
+    exc = err.value
+    assert exc.timed_out and "timed out after 10 s" in str(exc) and "\n" not in str(exc)
+    assert exc.last_line == "started, now sleeping" and "] started, now sleeping" in str(exc)
+
+
+@pytest.fixture
+def fake_srun(tmp_path):
+    """A PATH entry holding an ``srun`` that runs tests/scripts/fake_srun.py (Slurm is not installed here)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    srun = bindir / "srun"
+    srun.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SCRIPTS / "fake_srun.py"}" "$@"\n')
+    srun.chmod(0o755)
+    return f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@distributed
+def test_launch_through_srun(tmp_path, capsys, fake_srun):
+    """srun form: tasks read SLURM_* variables; init_distributed exports RANK/MASTER_* so env:// works."""
+    env = {"PATH": fake_srun, "SLURM_JOB_ID": "4242", "MASTER_PORT": str(free_port())}
+    records = launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path / "rec", env=env, timeout_s=120)
+
+    assert [(r["rank"], r["sum"], r["source"]) for r in records] == [(0, 3.0, "slurm"), (1, 3.0, "slurm")]
+    lines = capsys.readouterr().out.splitlines()
+    assert "[rank1] hello from rank 1 of 2 (slurm): sum=3" in lines  # srun's "1: " label normalised
+
+
+@distributed
+def test_launch_through_srun_failure(tmp_path, fake_srun):
+    env = {"PATH": fake_srun, "SLURM_JOB_ID": "4242", "MASTER_PORT": str(free_port())}
+    with pytest.raises(LaunchError) as err:
+        launch(SCRIPTS / "fail_rank1.py", nproc=2, records_dir=tmp_path / "rec", env=env, timeout_s=90, echo=False)
+    assert (err.value.rank, err.value.exit_code, err.value.last_line) == (1, 1, "ValueError: boom")
+    assert err.value.command[0] == "srun"
+
+
+def test_launch_in_too_small_slurm_job_says_what_to_do(tmp_path, monkeypatch):
+    """A notebook job submitted with --ntasks 1 cannot srun 2 tasks: say so before starting anything."""
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with pytest.raises(ValueError, match="use_srun=False"):
+        launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path)
+
+
+def test_blame_prefers_earliest_exception_then_error_codes():
+    torchrun_summary = [
+        "Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 11)  (SIGTERM)",
+        "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 12) ",
+    ]
+    traceback = ["Traceback (most recent call last):", '  File "x.py", line 3', "    raise ValueError('boom')"]
+    per_rank = {0: ["ready"], 1: ["ready", *traceback, "ValueError: boom", ""]}
+    assert _blame(torchrun_summary, per_rank, [], False, 1) == (1, 1, "ValueError: boom")
+    notes = [{"rank": 0, "time": 2.0, "exception": "RuntimeError: Connection closed by peer"},
+             {"rank": 1, "time": 1.5, "exception": "ValueError: boom"}]
+    assert _blame(torchrun_summary, per_rank, notes, False, 1) == (1, 1, "ValueError: boom")
+    srun_report = ["srun: error: n1: task 0: Killed", "srun: error: n2: task 3: Exited with exit code 2"]
+    assert _blame(srun_report, {3: ["bad input", ""]}, [], True, 2) == (3, 2, "bad input")
+    assert _blame(["No such file: x.py"], {}, [], False, 1) == (None, 1, "No such file: x.py")
+
+
+def test_launch_with_srun_missing_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
+    with pytest.raises(RuntimeError, match=re.escape("cannot start 'srun'")):
+        launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path / "r", use_srun=True)
