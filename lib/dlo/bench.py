@@ -169,6 +169,35 @@ def measure(name: str, fn: Callable[[], Any], *, items_per_call: int, warmup: in
                        memory_kind=kind, device=str(device), warmup=warmup, extra=dict(extra))
 
 
+def measure_steps(name: str, step: Callable[[torch.Tensor, torch.Tensor], Any],
+                  batches: list[tuple[torch.Tensor, torch.Tensor]], *, warmup: int = 1, repeats: int = 5,
+                  device: torch.device | str = "cpu", **extra: Any) -> Measurement:
+    """Time ``step(images, labels)`` on pre-loaded ``batches`` (cycled), in images per second.
+
+    Batches are already on the device, so this measures the training step alone: the data pipeline
+    is a separate question (Jour2)."""
+    if not batches:
+        raise ValueError("measure_steps needs at least one pre-loaded batch")
+    state = {"i": 0}
+
+    def call() -> None:
+        images, labels = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        step(images, labels)
+
+    return measure(name, call, items_per_call=len(batches[0][0]), warmup=warmup, repeats=repeats, device=device,
+                   batch_size=len(batches[0][0]), **extra)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX, used by oneDNN). Without it,
+    bf16 autocast on CPU is emulated and usually much *slower* than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
+
+
 def environment_info(device: torch.device | str | None = None) -> dict[str, Any]:
     """What a result depends on: versions, device name, core count, date. Stored with every result file."""
     import dlo
@@ -190,6 +219,8 @@ def environment_info(device: torch.device | str | None = None) -> dict[str, Any]
         "cpu": platform.processor() or platform.machine(),
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_native_bf16": cpu_has_native_bf16(),
     }
     if dev.type == "cuda":
         info.update(gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,

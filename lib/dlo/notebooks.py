@@ -124,7 +124,8 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
         "cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
         "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; the cells "
                    "marked `TODO` raise `NotImplementedError` until you write them. Each exercise has a "
-                   "check cell right after it; from a terminal: `dlo check <notebook> <step>`."),
+                   f"check cell right after it; from a terminal: `dlo check {source_nb.stem} <step>` "
+                   f"(`dlo check --list` shows the steps)."),
     }
     nb["cells"] = [banner] + nb["cells"]
     return nb

@@ -29,7 +29,7 @@ def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "i
     ax.set_xlabel(unit)
     ax.set_title(title)
     for bar, v in zip(bars, values):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f"  {v:,.0f} {unit}  (x{v / base:.2f})",
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f"  {v:,.{0 if v >= 100 else 1}f} {unit}  (x{v / base:.2f})",
                 va="center", fontsize=9)
     ax.set_xlim(0, max(values) * 1.35)
     ax.grid(axis="x", alpha=0.3)

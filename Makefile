@@ -1,0 +1,67 @@
+# Deep Learning Optimise -- set-up and entry points. `make run` and `make test` do all set-up themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dlo-installed
+CACHE := $(CURDIR)/.cache
+export TORCHINDUCTOR_CACHE_DIR ?= $(CACHE)/torchinductor
+export TORCH_EXTENSIONS_DIR ?= $(CACHE)/torch_extensions
+export MPLCONFIGDIR ?= $(CACHE)/matplotlib
+export TRITON_CACHE_DIR ?= $(CACHE)/triton
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+PROFILE ?= auto
+PYTEST_ARGS ?=
+
+.PHONY: all install run test test-fast student check-student lab clean distclean help
+
+all: help
+
+help:
+	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
+	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
+	@echo "make student  - regenerate the student notebooks from the sources"
+	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
+	@echo "make clean    - remove runs/ and caches (keeps .venv)"
+
+# The venv is (re)built when the pins change. torch goes first, alone and exactly pinned, so that
+# nothing later can pull a different (CUDA, multi-GB) build; DeepSpeed's sdist needs torch importable
+# at build time, hence --no-build-isolation for the whole list (setuptools/wheel are installed first).
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q $$(grep -E '^(torch|torchvision)==' requirements.txt)
+	$(PY) -m pip install -q --no-build-isolation -r requirements.txt
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -m ipykernel install --sys-prefix --name dlo --display-name "Python (dlo)" >/dev/null
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/dlo run Jour1/jour1.ipynb --profile $(PROFILE)
+
+# Unit + distributed tests, then every course notebook executed (smoke profile) by nbval.
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo -p no:cacheprovider \
+	    $$($(PY) -c "from dlo.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest tests -m "not slow and not notebook" $(PYTEST_ARGS)
+
+student: $(STAMP)
+	$(VENV)/bin/dlo student
+
+check-student: $(STAMP)
+	$(VENV)/bin/dlo student --check
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab
+
+clean:
+	rm -rf runs .cache .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) lib/*.egg-info
