@@ -223,19 +223,27 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
                             cwd=str(notebook.parent), log_output=log_output, progress_bar=False,
                             execution_timeout=timeout_s)
     except pm.PapermillExecutionError as exc:
-        first = _first_line_of_cell(executed, exc.cell_index)
-        raise NotebookError(f"{notebook.name}: cell {exc.exec_count} ({first}) failed with {exc.ename}: "
-                            f"{str(exc.evalue).splitlines()[0] if exc.evalue else ''} -- executed copy: {executed}") from None
+        where = _describe_failed_cell(notebook, executed)
+        evalue = str(exc.evalue).splitlines()[0] if exc.evalue else ""
+        raise NotebookError(f"{notebook.name}: {where} failed with {exc.ename}: {evalue} "
+                            f"-- executed copy: {executed}") from None
     return executed
 
 
-def _first_line_of_cell(nb_path: Path, index: int) -> str:
+def _describe_failed_cell(source: Path, executed: Path) -> str:
+    """'code cell N (first line)', N counted among the *source* notebook's code cells (1-based)."""
     try:
-        cell = json.loads(nb_path.read_text())["cells"][index]
-        lines = [ln for ln in _source(cell).splitlines() if ln.strip()]
-        return lines[0][:60] if lines else "empty cell"
-    except Exception:  # noqa: BLE001 - only used to decorate the message
-        return f"cell index {index}"
+        cells = json.loads(executed.read_text())["cells"]
+        failed = next(c for c in cells if c["cell_type"] == "code"
+                      and any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+        lines = [ln for ln in _source(failed).splitlines() if ln.strip()]
+        first = lines[0][:60] if lines else "empty cell"
+        code_ids = [c.get("id") for c in json.loads(source.read_text())["cells"] if c["cell_type"] == "code"]
+        if failed.get("id") in code_ids:
+            return f"code cell {code_ids.index(failed['id']) + 1} ({first})"
+        return f"the injected parameters cell ({first})"
+    except (StopIteration, OSError, ValueError, KeyError):
+        return "a cell"
 
 
 def check_clean(notebooks: Iterable[str | Path]) -> list[Path]:
