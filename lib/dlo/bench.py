@@ -198,6 +198,60 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+class Ladder:
+    """An optimisation ladder: each step is measured on top of the fastest configuration so far and
+    *kept* only if it beats it on this machine (a change that helps on a GPU can hurt on a CPU).
+
+    ``current`` is the configuration the next step builds on; ``record`` adds a row (a Measurement, or
+    ``None`` with a reason when the step does not apply here) and updates ``current`` when kept.
+    """
+
+    def __init__(self, **initial_config: Any) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.current: dict[str, Any] = dict(initial_config)
+
+    def best(self) -> dict[str, Any] | None:
+        kept = [r for r in self.rows if r["kept"]]
+        return max(kept, key=lambda r: r["throughput"]) if kept else None
+
+    def record(self, step: str, measurement: Measurement | None = None, reason: str | None = None,
+               **config: Any) -> dict[str, Any]:
+        row: dict[str, Any] = {"step": step, "applicable": measurement is not None, "reason": reason,
+                               "kept": False, **config}
+        if measurement is None:
+            if not reason:
+                raise ValueError(f"step {step!r}: give a measurement, or the reason it does not apply here")
+            print(f"{step}: not applicable here -- {reason}")
+        else:
+            row.update(measurement.to_record())
+            best = self.best()
+            row["kept"] = best is None or measurement.throughput > best["throughput"]
+            if row["kept"]:
+                self.current.update(config)
+            print(measurement, "-> kept" if row["kept"] else "-> slower than the best so far: not kept")
+        self.rows.append(row)
+        return row
+
+    def table(self):
+        """All rows, with the speed-up over the first (baseline) row."""
+        import pandas as pd
+
+        df = pd.DataFrame(self.rows)
+        if "throughput" in df and len(df):
+            df["speedup"] = df["throughput"] / df["throughput"].iloc[0]
+        return df
+
+    def summary(self) -> dict[str, Any]:
+        """The configuration the ladder ends with and its speed-up over the baseline."""
+        kept = [r for r in self.rows if r["kept"]]
+        if not kept:
+            raise ValueError("the ladder has no measured step yet")
+        base = self.rows[0]["throughput"]
+        return {"final_config": dict(self.current), "final_step": kept[-1]["step"],
+                "final_speedup": kept[-1]["throughput"] / base,
+                "steps_not_kept": [r["step"] for r in self.rows if r["applicable"] and not r["kept"]]}
+
+
 def environment_info(device: torch.device | str | None = None) -> dict[str, Any]:
     """What a result depends on: versions, device name, core count, date. Stored with every result file."""
     import dlo
