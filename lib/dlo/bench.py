@@ -185,8 +185,9 @@ def measure_steps(name: str, step: Callable[[torch.Tensor, torch.Tensor], Any],
         state["i"] += 1
         step(images, labels)
 
+    extra.setdefault("batch_size", len(batches[0][0]))
     return measure(name, call, items_per_call=len(batches[0][0]), warmup=warmup, repeats=repeats, device=device,
-                   batch_size=len(batches[0][0]), **extra)
+                   **extra)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -290,8 +291,11 @@ def save_json(payload: Any, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -50,7 +50,7 @@ def resnet18_cifar(num_classes: int = 10, width: int = 64) -> nn.Module:
     """ResNet-18 for 32x32 inputs. ``width=64`` is the standard network (11.2 M parameters)."""
     if not isinstance(width, int) or isinstance(width, bool) or width < 1:
         raise ValueError(f"width must be a positive integer (64 is the standard ResNet-18), got {width!r}")
-    if not isinstance(num_classes, int) or num_classes < 1:
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}")
     return CifarResNet18(num_classes=num_classes, width=width)
 

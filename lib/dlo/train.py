@@ -186,8 +186,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer=None
         "extra": extra,
     }
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -303,8 +306,27 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
+class _IgnoreStopSignals:
+    """DataLoader ``worker_init_fn`` wrapper: workers ignore SIGTERM / SIGUSR1. Slurm (scancel, preemption, time
+    limit, srun's forwarding) signals every process of the step, workers included; a worker killed by it makes
+    the main process raise ("DataLoader worker ... is killed by signal") before it can save its checkpoint.
+    The main process stops the workers itself once it has checkpointed."""
+
+    def __init__(self, init: Callable[[int], None] | None) -> None:
+        self.init = init
+
+    def __call__(self, worker_id: int) -> None:
+        for name in StopSignal.SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if self.init is not None:
+            self.init(worker_id)
+
+
 def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch: int, skip: int) -> Iterator:
     loader = make_loader(epoch_generator(seed, epoch))
+    if getattr(loader, "num_workers", 0) > 0 and not isinstance(loader.worker_init_fn, _IgnoreStopSignals):
+        loader.worker_init_fn = _IgnoreStopSignals(loader.worker_init_fn)
     it = iter(loader)
     for _ in range(skip):  # replay the batches already trained on, to land on the same next batch
         next(it)
@@ -346,6 +368,10 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     if cfg.resume:
         state = load_checkpoint(cfg.ckpt_path, model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                 map_location=device, restore_rng=False)
+        saved_total = state["extra"].get("total_steps", total)
+        if saved_total != total:
+            raise ValueError(f"the checkpoint {cfg.ckpt_path} belongs to a run of {saved_total} steps, this one has "
+                             f"{total}: resume with the same --steps/--epochs (the LR schedule depends on it)")
         step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]
         result.records.append({"event": "resumed", "step": step, "epoch": epoch})
     else:
@@ -365,6 +391,7 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                 images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
                 if cfg.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
+                lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
                 loss = step_fn(images, labels)
                 scheduler.step()
                 step, b = step + 1, b + 1
@@ -372,7 +399,7 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                 if step % cfg.log_every == 0 or step == total:
                     loss_value = loss.item()  # one synchronisation every log_every steps, not every step
                     result.records.append({"event": "train", "step": step, "epoch": epoch, "loss": loss_value,
-                                           "lr": scheduler.get_last_lr()[0]})
+                                           "lr": lr})
                     bar.set_postfix(loss=f"{loss_value:.3f}")
                     if on_step is not None:
                         on_step(step, loss_value)
@@ -380,7 +407,7 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                     done_epoch = b == n_batches
                     save_checkpoint(cfg.ckpt_path, model=model, optimizer=optimizer, scheduler=scheduler,
                                     scaler=scaler, step=step, epoch=epoch + done_epoch,
-                                    batch_in_epoch=0 if done_epoch else b)
+                                    batch_in_epoch=0 if done_epoch else b, total_steps=total)
                     result.checkpoint = cfg.ckpt_path
                 if stop:
                     result.stopped_by = stop.received
