@@ -138,3 +138,14 @@ def test_jour1_bad_input_gives_one_clear_line(tmp_path, param, value, expected):
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("error: jour1.ipynb: code cell") and expected in last, last
+
+
+def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys):
+    ns = nbs.run_plain(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 4})
+    assert ns["answer"] == 0.25 and ns["profile"] == "smoke"
+    assert "--- code cell 3/3: print(answer)" in capsys.readouterr().out
+    with pytest.raises(nbs.NotebookError, match=r"failing.ipynb: code cell 2 \(answer = 1 / zero\) failed with "
+                                                r"ZeroDivisionError: division by zero"):
+        nbs.run_plain(FIXTURES / "failing.ipynb", profile="smoke")
+    with pytest.raises(nbs.NotebookError, match="has no parameter"):
+        nbs.run_plain(FIXTURES / "failing.ipynb", parameters={"nope": 1})

@@ -1,6 +1,7 @@
 """``dlo``: the workbook's command line.
 
-    dlo run NOTEBOOK [--profile smoke|full|auto] [-p NAME VALUE ...]   execute a notebook (papermill)
+    dlo run NOTEBOOK [--profile smoke|full|auto] [-p NAME VALUE ...]   execute a notebook (papermill,
+                                              or --engine plain: its code cells in this Python, no Jupyter)
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
@@ -15,10 +16,14 @@ import sys
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .notebooks import NotebookError, parse_value, run_notebook
+    from .notebooks import NotebookError, parse_value, run_notebook, run_plain
 
     params = {name: parse_value(value) for name, value in (args.param or [])}
     try:
+        if args.engine == "plain":
+            run_plain(args.notebook, profile=args.profile, parameters=params, out_dir=args.out_dir)
+            print(f"ran {args.notebook} as a plain script")
+            return 0
         executed = run_notebook(args.notebook, profile=args.profile, parameters=params, out_dir=args.out_dir,
                                 log_output=not args.quiet)
     except NotebookError as exc:
@@ -78,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set a notebook parameter (repeatable); values are Python literals or strings")
     r.add_argument("--out-dir", default=None, help="where the executed notebook goes (default runs/<name>/)")
     r.add_argument("--quiet", action="store_true", help="do not stream the cells' output")
+    r.add_argument("--engine", choices=["papermill", "plain"], default="papermill",
+                   help="papermill (default: executed notebook saved) or plain (this Python, no Jupyter needed)")
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("check", help="check an exercise step (default: in the student notebook)")
