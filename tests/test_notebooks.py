@@ -149,3 +149,16 @@ def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys)
         nbs.run_plain(FIXTURES / "failing.ipynb", profile="smoke")
     with pytest.raises(nbs.NotebookError, match="has no parameter"):
         nbs.run_plain(FIXTURES / "failing.ipynb", parameters={"nope": 1})
+
+
+def test_plain_engine_works_without_ipython(tmp_path):
+    """GPU nodes may have torch, pandas and tqdm but no IPython: display/Markdown are stood in for."""
+    code = ("import sys; sys.modules['IPython'] = None\n"  # makes `import IPython` fail, as where it is absent
+            "from dlo.notebooks import run_plain\n"
+            f"ns = run_plain({str(FIXTURES / 'plain_display.ipynb')!r}, out_dir={str(tmp_path)!r})\n"
+            "print('total', ns['total'], 'out_dir', ns['out_dir'])\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "**profile smoke**" in res.stdout
+    assert "total 3 out_dir " + str(tmp_path) in res.stdout
+    assert "a\n0  3" in res.stdout  # the Styler's DataFrame printed as text
