@@ -193,16 +193,9 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
-                 out_dir: str | Path | None = None, kernel_name: str | None = None,
-                 log_output: bool = True, timeout_s: float | None = None) -> Path:
-    """Execute ``notebook`` with papermill into ``runs/<stem>/<stem>.ipynb`` and return that path.
-
-    The notebook runs in its own folder (as in JupyterLab), gets ``profile`` (and ``out_dir`` when it
-    declares that parameter) injected, and any failing cell raises :class:`NotebookError` naming it.
-    """
-    import papermill as pm
-
+def _prepare(notebook: str | Path, profile: str, parameters: dict[str, Any] | None,
+             out_dir: str | Path | None) -> tuple[Path, dict[str, Any], Path]:
+    """Validate a run request; returns (notebook path, parameters to inject, output folder)."""
     notebook = Path(notebook).resolve()
     if not notebook.is_file() or notebook.suffix != ".ipynb":
         raise NotebookError(f"no notebook at {notebook}: give the path of an .ipynb file, e.g. Jour1/jour1.ipynb")
@@ -214,9 +207,23 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
         raise NotebookError(f"{notebook.name} has no parameter(s) {', '.join(unknown)}; "
                             f"its parameters are: {', '.join(declared)}")
     out = Path(out_dir).resolve() if out_dir else (RUNS_DIR / notebook.stem).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     if "out_dir" in declared and "out_dir" not in params:
         params["out_dir"] = str(out)
+    return notebook, params, out
+
+
+def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
+                 out_dir: str | Path | None = None, kernel_name: str | None = None,
+                 log_output: bool = True, timeout_s: float | None = None) -> Path:
+    """Execute ``notebook`` with papermill into ``runs/<stem>/<stem>.ipynb`` and return that path.
+
+    The notebook runs in its own folder (as in JupyterLab), gets ``profile`` (and ``out_dir`` when it
+    declares that parameter) injected, and any failing cell raises :class:`NotebookError` naming it.
+    """
+    import papermill as pm
+
+    notebook, params, out = _prepare(notebook, profile, parameters, out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     executed = out / notebook.name
     try:
         pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
@@ -262,18 +269,7 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     import matplotlib
 
     matplotlib.use("Agg")
-    notebook = Path(notebook).resolve()
-    if not notebook.is_file() or notebook.suffix != ".ipynb":
-        raise NotebookError(f"no notebook at {notebook}: give the path of an .ipynb file, e.g. Jour1/jour1.ipynb")
-    profile = resolve_profile(profile)
-    declared = parameters_of(notebook)
-    params = {"profile": profile, **(parameters or {})}
-    unknown = sorted(set(params) - set(declared))
-    if unknown:
-        raise NotebookError(f"{notebook.name} has no parameter(s) {', '.join(unknown)}; "
-                            f"its parameters are: {', '.join(declared)}")
-    if "out_dir" in declared and "out_dir" not in params:
-        params["out_dir"] = str(Path(out_dir).resolve() if out_dir else (RUNS_DIR / notebook.stem).resolve())
+    notebook, params, _ = _prepare(notebook, profile, parameters, out_dir)
     fake = types.ModuleType("IPython.display")
     fake.Markdown, fake.display = _PlainDisplay.Markdown, _PlainDisplay.display  # type: ignore[attr-defined]
     try:  # keep the real IPython when there is one (matplotlib and pandas ask it whether a kernel runs)
