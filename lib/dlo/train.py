@@ -294,6 +294,7 @@ class TrainResult:
     step: int = 0
     stopped_by: str | None = None  # the signal's name when the run was interrupted
     checkpoint: str | None = None
+    model: nn.Module | None = None  # the trained model (compiled/channels_last as configured)
 
     @property
     def completed(self) -> bool:
@@ -428,7 +429,7 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                 skip = b
     bar.close()
     result.step = step
-    result.model = model  # type: ignore[attr-defined]
+    result.model = model
     return result
 
 
@@ -486,7 +487,6 @@ def _main(args: argparse.Namespace) -> int:
                       channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark, compile=args.compile,
                       seed=args.seed, ckpt_path=args.ckpt, ckpt_every=args.ckpt_every, resume=args.resume,
                       log_every=args.log_every, progress=not args.no_progress, eval_every_epoch=False)
-    check_device_options(device, cudnn_benchmark=cfg.cudnn_benchmark)
     train_set = data.cifar10("train", args.data_dir, data.train_transform(),
                              generated=True if args.generated else None, n_train=args.n_train, seed=args.seed)
     torch.manual_seed(args.seed)
