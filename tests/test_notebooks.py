@@ -41,7 +41,30 @@ def test_source_notebook_structure(nb):
     student = json.loads(nbs.student_path(nb).read_text())
     sources = "\n".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"]) for c in student["cells"])
     assert "BEGIN SOLUTION" not in sources and "END SOLUTION" not in sources
-    assert "raise NotImplementedError" in sources
+    source = "\n".join(nbs._source(c) for c in json.loads(nb.read_text())["cells"])
+    assert ("raise NotImplementedError" in sources) == nbs.has_solutions(source)
+
+
+@pytest.mark.parametrize("script", nbs.source_scripts(), ids=lambda p: p.name)
+def test_course_script_student_copy(script):
+    student = nbs.student_path(script)
+    assert student.read_text() == nbs.make_student_script(script), "stale student script: run `make student`"
+    text = student.read_text()
+    assert "BEGIN SOLUTION" not in text and "raise NotImplementedError" in text
+    assert text.startswith("# Exercise version: generated from ../")
+
+
+def test_load_exercises_from_a_script_defines_without_running_main(tmp_path):
+    from dlo.checks import load_exercises
+
+    script = tmp_path / "job.py"
+    script.write_text("def f(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    raise SystemExit('ran main')\n")
+    ns = load_exercises(script)
+    assert ns["f"](3) == 6 and ns["f"].__code__.co_filename == str(script.resolve())
+
+
+def test_course_scripts_are_found():
+    assert ROOT / "Jour2" / "ddp_train.py" in nbs.source_scripts()
 
 
 def test_strip_solutions_keeps_indentation_and_hint():

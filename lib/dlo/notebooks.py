@@ -113,6 +113,7 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
     """The student version of a source notebook (as a JSON-able dict)."""
     source_nb = Path(source_nb)
     nb = strip_outputs(json.loads(source_nb.read_text()))
+    stubbed = 0
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] == "code":
             src = _source(cell)
@@ -120,11 +121,18 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
                 new = strip_solutions(src, where=f"{source_nb.name} cell {i}")
                 ast.parse(new)  # a stub must leave valid Python behind
                 cell["source"] = new
+                stubbed += 1
+    if stubbed:
+        where = "the cells marked `TODO` raise `NotImplementedError` until you write them"
+    else:
+        scripts = [p.name for p in source_scripts(source_nb.parent.parent) if p.parent == source_nb.parent]
+        named = ", ".join(f"`{name}`" for name in scripts) or "the script next to this notebook"
+        where = (f"your exercises are in {named}, next to this notebook: its parts marked `TODO` raise "
+                 "`NotImplementedError` until you write them")
     banner = {
         "cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
-        "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; the cells "
-                   "marked `TODO` raise `NotImplementedError` until you write them. Each exercise has a "
-                   f"check cell right after it; from a terminal: `dlo check {source_nb.stem} <step>` "
+        "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; {where}. "
+                   f"Each exercise has a check cell; from a terminal: `dlo check {source_nb.stem} <step>` "
                    f"(`dlo check --list` shows the steps)."),
     }
     nb["cells"] = [banner] + nb["cells"]
@@ -137,23 +145,42 @@ def dumps(nb: dict[str, Any]) -> str:
 
 
 def source_notebooks(root: str | Path = ROOT) -> list[Path]:
-    """Every course notebook that holds solution regions (student copies excluded)."""
+    """Every course notebook (``<folder>/*.ipynb``; the copies in ``student/`` excluded).
+
+    Each gets a student copy, even one whose exercises live in a script next to it (e.g. Jour2/ddp.ipynb
+    and ddp_train.py): the student notebook must sit next to the student script it runs.
+    """
     root = Path(root)
-    found = []
-    for d in COURSE_DIRS:
-        for nb in sorted((root / d).glob("*.ipynb")):
-            cells = json.loads(nb.read_text())["cells"]
-            if any(c["cell_type"] == "code" and has_solutions(_source(c)) for c in cells):
-                found.append(nb)
-    return found
+    return [nb for d in COURSE_DIRS for nb in sorted((root / d).glob("*.ipynb"))]
+
+
+def source_scripts(root: str | Path = ROOT) -> list[Path]:
+    """Every course script (``<folder>/*.py``) that holds solution regions (student copies excluded)."""
+    root = Path(root)
+    return [py for d in COURSE_DIRS for py in sorted((root / d).glob("*.py")) if has_solutions(py.read_text())]
+
+
+def make_student_script(source_py: str | Path) -> str:
+    """The student version of a course script: solution regions replaced by stubs, a banner on top."""
+    source_py = Path(source_py)
+    body = strip_solutions(source_py.read_text(), where=source_py.name)
+    ast.parse(body)  # a stub must leave valid Python behind
+    banner = (f"# Exercise version: generated from ../{source_py.name} by `make student` -- edit this copy.\n"
+              f"# The parts marked TODO raise NotImplementedError until you write them; "
+              f"`dlo check --list` shows their checkers.\n")
+    return banner + body + "\n"
 
 
 def write_students(notebooks: Iterable[str | Path] | None = None, check_only: bool = False) -> list[Path]:
-    """(Re)write student notebooks. With ``check_only``, write nothing and return the stale ones."""
+    """(Re)write student notebooks and scripts. With ``check_only``, write nothing and return the stale ones.
+
+    ``notebooks`` defaults to every source notebook and script; ``.py`` paths get a student script.
+    """
     stale = []
-    for src in (notebooks if notebooks is not None else source_notebooks()):
+    sources = notebooks if notebooks is not None else [*source_notebooks(), *source_scripts()]
+    for src in sources:
         dst = student_path(src)
-        text = dumps(make_student(src))
+        text = make_student_script(src) if Path(src).suffix == ".py" else dumps(make_student(src))
         if not dst.is_file() or dst.read_text() != text:
             stale.append(dst)
             if not check_only:
@@ -261,8 +288,11 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
 
     For machines that have torch but no Jupyter stack (a GPU node's bare Python): the code that runs is
     the notebook's own. Parameters are injected after the ``parameters`` cell, as papermill does; the
-    value of a cell's last expression is printed, as Jupyter shows it. Returns the final namespace.
+    value of a cell's last expression is printed, as Jupyter shows it. The cells run in the notebook's
+    folder, as in Jupyter (relative paths such as a sibling script resolve the same way). Returns the
+    final namespace.
     """
+    import os
     import sys
     import types
 
@@ -282,6 +312,8 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     sys.modules["IPython.display"] = fake
     ns: dict[str, Any] = {"__name__": "__main__", "display": fake.display}
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    cwd = os.getcwd()
+    os.chdir(notebook.parent)
     try:
         for number, cell in enumerate(cells, 1):
             src = _source(cell)
@@ -302,6 +334,7 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
                 raise NotebookError(f"{notebook.name}: code cell {number} ({first}) failed with "
                                     f"{type(exc).__name__}: {line}") from exc
     finally:
+        os.chdir(cwd)
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)
