@@ -83,7 +83,16 @@ def check(course: str, step: str, namespace: dict[str, Any] | None = None, **fun
 
 
 def load_exercises(notebook: str | os.PathLike) -> dict[str, Any]:
-    """Execute a notebook's ``setup`` and ``exercise`` cells (imports and function definitions only)."""
+    """Execute a notebook's ``setup`` and ``exercise`` cells (imports and function definitions only).
+
+    A course script (``.py``) is executed whole as a module named ``__exercises__``: its
+    ``if __name__ == "__main__":`` part does not run, so only its imports and definitions happen.
+    """
+    if Path(notebook).suffix == ".py":
+        path = Path(notebook).resolve()  # checkers may start processes that import the same file
+        ns = {"__name__": "__exercises__", "__file__": str(path)}
+        exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102 - course code
+        return ns
     nb = json.loads(Path(notebook).read_text())
     ns: dict[str, Any] = {"__name__": "__exercises__"}
     for cell in nb["cells"]:
@@ -100,7 +109,7 @@ def check_notebook(course: str, step: str, notebook: str | os.PathLike | None = 
         return check(course, step, {})  # raises the one-line "unknown ..." error
     path = Path(notebook) if notebook else REGISTRY[course][step].student_notebook
     if not path.is_file():
-        raise FileNotFoundError(f"no notebook at {path}: run `make student` or pass --notebook PATH")
+        raise FileNotFoundError(f"no notebook or script at {path}: run `make student` or pass --notebook PATH")
     return check(course, step, load_exercises(path))
 
 
@@ -331,3 +340,7 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
         expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
     _expect(isinstance(acc, float) and abs(acc - expected) < 1e-9, f"return the accuracy as a float ({expected:.3f} here), got {acc!r}")
     return "eval mode, no autograd graph, accuracy correct"
+
+
+# The other courses' checkers register themselves on import.
+from . import checks_ddp, checks_jour2  # noqa: E402,F401

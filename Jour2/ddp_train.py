@@ -1,0 +1,305 @@
+"""Jour 2 -- data-parallel training of a CIFAR-10 ResNet-18 with DistributedDataParallel (DDP).
+
+Every process (one per GPU, or a few per CPU) holds a full copy of the model and trains it on its own
+slice of each global batch. During ``loss.backward()`` DDP averages the gradients of all processes, bucket
+by bucket, while the rest of the backward pass is still running; after that every copy takes the same
+optimizer step, so the copies stay identical without ever sending weights.
+
+Run it:
+    python ddp_train.py --epochs 1                       # one process, no process group
+    torchrun --nproc_per_node 2 ddp_train.py --epochs 1  # two processes (gloo on CPU, nccl on GPUs)
+    dlo.env.launch("ddp_train.py", [...], nproc=2)       # what the notebook does (srun under Slurm)
+
+Exercises 1-6 below are yours: in ``student/ddp_train.py`` their bodies raise NotImplementedError
+until you write them, and ``dlo check ddp <step>`` checks one function (``dlo check --list`` shows them).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+from tqdm.auto import tqdm
+
+import dlo  # noqa: F401  (project caches and the torchvision shim: before any torchvision import)
+from dlo import data
+from dlo.bench import synchronize
+from dlo.ddp import ConditionalHeadsNet, StochasticDepthNet, attach_comm_recorder, per_rank_batch
+from dlo.env import init_distributed, teardown, write_record
+from dlo.models import count_parameters, resnet18_cifar
+from dlo.train import save_checkpoint
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 1 -- one device per process
+# ---------------------------------------------------------------------------------------------------
+def rank_device(ctx) -> torch.device:
+    """The device this process trains on: GPU number ``ctx.local_rank`` when there are GPUs, else the CPU.
+
+    ``local_rank`` numbers the processes *of one node* (0..GPUs per node - 1); ``rank`` is global and
+    would point past the last GPU on the second node.
+    """
+    # BEGIN SOLUTION: torch.device("cuda", ctx.local_rank) if torch.cuda.is_available(), else torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", ctx.local_rank)
+    return torch.device("cpu")
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 2 -- wrap the model
+# ---------------------------------------------------------------------------------------------------
+def wrap_model(model: nn.Module, ctx, device: torch.device, *, sync_bn: bool = False, bucket_cap_mb: float = 25.0,
+               find_unused_parameters: bool = False) -> nn.Module:
+    """Move ``model`` to ``device`` and, when there are several processes, wrap it in DDP.
+
+    * ``sync_bn``: convert BatchNorm layers to SyncBatchNorm *before* wrapping (statistics over the
+      global batch instead of each process's slice; costs one extra all-reduce per BN layer).
+    * ``device_ids=[device.index]`` on a GPU; ``None`` on the CPU (DDP then uses the module's device).
+    * ``bucket_cap_mb`` and ``find_unused_parameters`` are passed on to DDP.
+    With a single process (``ctx.is_distributed`` is False) there is nothing to synchronise: return the
+    model itself, so the same script runs with plain ``python``.
+    """
+    # BEGIN SOLUTION: SyncBatchNorm conversion if asked, .to(device), then DDP(...) when ctx.is_distributed
+    if sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device)
+    if not ctx.is_distributed:
+        return model
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters)
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 3 -- each process reads its own shard of the data
+# ---------------------------------------------------------------------------------------------------
+def make_train_loader(dataset, ctx, global_batch: int, *, seed: int = 0, num_workers: int = 0):
+    """A DataLoader over this rank's shard of ``dataset``, and the sampler that defines the shard.
+
+    The *global* batch (what the optimizer sees per step) is split evenly: each rank loads
+    ``global_batch // world_size`` images (``dlo.ddp.per_rank_batch`` checks it divides). A
+    ``DistributedSampler`` shuffles all indices with the same seed on every rank, then gives rank r every
+    world_size-th index starting at r: the shards are disjoint and together cover the dataset.
+    ``drop_last=True`` on the sampler keeps the shards the same length (no padding with repeated images).
+    Returns ``(loader, sampler)``.
+    """
+    # BEGIN SOLUTION: per_rank_batch(...), DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True, seed=seed, drop_last=True), data.make_loader(..., sampler=sampler)
+    batch = per_rank_batch(global_batch, ctx.world_size)
+    sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed,
+                                 drop_last=True)
+    loader = data.make_loader(dataset, batch, sampler=sampler, num_workers=num_workers, drop_last=True,
+                              pin_memory=torch.cuda.is_available())
+    return loader, sampler
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 4 -- one epoch
+# ---------------------------------------------------------------------------------------------------
+def train_epoch(model, loader, sampler, epoch: int, optimizer, criterion, device, *, max_steps: int | None = None,
+                forward=None, step_times: list | None = None, show_bar: bool = True):
+    """Train for one epoch; returns this rank's ``(loss_sum, correct, count)`` as tensors.
+
+    ``forward(model, images, step)`` replaces ``model(images)`` when given (e.g. to pick a head).
+    ``step_times`` (a list) receives each step's synchronised duration in seconds.
+    """
+    # BEGIN SOLUTION: give the sampler the epoch number (sampler.set_epoch), or every epoch repeats epoch 0's order
+    sampler.set_epoch(epoch)
+    # END SOLUTION
+    model.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    total = len(loader) if max_steps is None else min(len(loader), max_steps)
+    for step, (images, labels) in enumerate(tqdm(loader, total=total, desc=f"epoch {epoch}", disable=not show_bar,
+                                                 leave=False)):
+        if step >= total:
+            break
+        start = time.perf_counter()
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        logits = forward(model, images, step) if forward is not None else model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # under DDP, the gradients are averaged over the ranks during this call
+        optimizer.step()
+        if step_times is not None:
+            synchronize(device)
+            step_times.append(time.perf_counter() - start)
+        loss_sum += loss.detach().double() * labels.numel()
+        correct += (logits.argmax(dim=1) == labels).sum()
+        count += labels.numel()
+    return loss_sum, correct, count
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 5 -- metrics of the whole run, not of one rank
+# ---------------------------------------------------------------------------------------------------
+def reduce_metrics(loss_sum: torch.Tensor, correct: torch.Tensor, count: torch.Tensor) -> dict[str, float]:
+    """Mean loss and accuracy over *all* ranks' images, identical on every rank.
+
+    Sum the three numbers over the ranks (one ``all_reduce`` of one small tensor, not three), then divide:
+    averaging each rank's accuracy would be wrong when shards differ in size. Without a process group
+    (one process) the local numbers are the global ones.
+    """
+    # BEGIN SOLUTION: stack into one float64 tensor, dist.all_reduce(..., op=SUM) if dist.is_initialized(), divide by the count
+    totals = torch.stack([loss_sum.double(), correct.double(), count.double()])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+    loss, right, seen = totals.tolist()
+    return {"loss": loss / seen, "accuracy": right / seen, "samples": int(seen)}
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 6 -- one writer
+# ---------------------------------------------------------------------------------------------------
+def save_on_main(ctx, path, model, optimizer, epoch: int) -> Path | None:
+    """Save a checkpoint from rank 0 only, then make every rank wait until it is written.
+
+    All ranks hold the same weights, so N writers would only race on one file. ``dlo.train.save_checkpoint``
+    unwraps DDP (no ``module.`` prefix in the keys, so the file loads into a plain model) and writes
+    atomically. The barrier stops other ranks from reading (or deleting) the file before it exists.
+    Returns the path on rank 0, None elsewhere.
+    """
+    # BEGIN SOLUTION: save_checkpoint(path, model=..., optimizer=..., epoch=...) if ctx.is_main; dist.barrier() when a process group exists
+    written = save_checkpoint(path, model=model, optimizer=optimizer, epoch=epoch) if ctx.is_main else None
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return written
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run itself (not an exercise)
+# ---------------------------------------------------------------------------------------------------
+MODELS = ("resnet18", "heads", "stochdepth")
+
+
+def build_model(name: str, width: int) -> nn.Module:
+    if name == "resnet18":
+        return resnet18_cifar(width=width)
+    if name == "heads":
+        return ConditionalHeadsNet(num_classes=10, width=width)
+    if name == "stochdepth":
+        return StochasticDepthNet(num_classes=10, width=width)
+    raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+
+
+def _forward_for(name: str):
+    if name == "heads":  # a multi-task-like model: even steps use head 0, odd steps head 1
+        return lambda model, images, step: model(images, head=step % 2)
+    return None
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=MODELS, default="resnet18")
+    p.add_argument("--width", type=int, default=64, help="channels of the first stage (64: the real ResNet-18)")
+    p.add_argument("--global-batch", type=int, default=256, help="images per optimizer step, over all ranks")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=None, help="stop each epoch after this many steps")
+    p.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--n-train", type=int, default=10000, help="generated data only: training images")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sync-bn", action="store_true")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--find-unused-parameters", action="store_true")
+    p.add_argument("--comm-view", action="store_true", help="record every gradient bucket's all-reduce")
+    p.add_argument("--checkpoint", default=None, help="file to save at the end (rank 0)")
+    p.add_argument("--runs", default=None,
+                   help='JSON list of runs, each a dict of overrides, e.g. [{"name": "1 MB", "bucket_cap_mb": 1}]: '
+                        "several configurations in one launch (the process start-up is paid once)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace, ctx, device: torch.device, dataset, name: str = "run") -> dict:
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    if args.sync_bn and device.type != "cuda" and ctx.is_distributed:
+        raise ValueError(f"[{name}] SyncBatchNorm runs on GPUs only (PyTorch has no CPU version): drop --sync-bn here")
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's at wrap time)
+    model = build_model(args.model, args.width)
+    model = wrap_model(model, ctx, device, sync_bn=args.sync_bn, bucket_cap_mb=args.bucket_cap_mb,
+                       find_unused_parameters=args.find_unused_parameters)
+    recorder = attach_comm_recorder(model) if args.comm_view and ctx.is_distributed else None
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    criterion = nn.CrossEntropyLoss()
+    loader, sampler = make_train_loader(dataset, ctx, args.global_batch, seed=args.seed, num_workers=args.workers)
+    forward = _forward_for(args.model)
+    say(f"[{name}] {args.model} width {args.width}: {count_parameters(model) / 1e6:.2f} M parameters, "
+        f"{ctx.world_size} process(es) x {args.global_batch // ctx.world_size} images = global batch "
+        f"{args.global_batch}, {len(loader)} steps/epoch")
+    step_times: list[float] = []
+    for epoch in range(args.epochs):
+        start = time.perf_counter()
+        # A progress bar only in a terminal: under a launcher the output is a pipe, where bars become noise.
+        sums = train_epoch(model, loader, sampler, epoch, optimizer, criterion, device, max_steps=args.max_steps,
+                           forward=forward, step_times=step_times, show_bar=ctx.is_main and sys.stdout.isatty())
+        metrics = reduce_metrics(*sums)
+        elapsed = time.perf_counter() - start
+        say(f"[{name}] epoch {epoch}: loss {metrics['loss']:.3f}  accuracy {metrics['accuracy']:.3f}  "
+            f"({metrics['samples']} images in {elapsed:.1f} s)")
+        if ctx.is_main:
+            write_record({"kind": "epoch", "run": name, "epoch": epoch, "seconds": elapsed, **metrics})
+    timed = step_times[args.warmup_steps:]
+    if not timed:
+        raise ValueError(f"only {len(step_times)} steps ran, all warm-up (--warmup-steps {args.warmup_steps}): "
+                         "run more steps (--max-steps, --epochs) or lower --warmup-steps")
+    median = statistics.median(timed)
+    record = {"kind": "timing", "run": name, "model": args.model, "width": args.width,
+              "global_batch": args.global_batch, "per_rank_batch": args.global_batch // ctx.world_size,
+              "sync_bn": args.sync_bn, "bucket_cap_mb": args.bucket_cap_mb, "device": str(device),
+              "steps_timed": len(timed), "median_step_s": median, "step_times_s": timed,
+              "throughput": args.global_batch / median}
+    if recorder is not None:
+        record["comm"] = recorder.records
+    write_record(record)  # every rank: the notebook compares them
+    say(f"[{name}] median step {median * 1e3:.1f} ms -> {args.global_batch / median:.0f} img/s (all ranks)")
+    if args.checkpoint:
+        save_on_main(ctx, args.checkpoint, model, optimizer, args.epochs)
+    return record
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed()  # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU
+    device = rank_device(ctx)
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    say(f"{ctx.world_size} process(es) ({ctx.source}), rank 0 on {device}, backend "
+        f"{dist.get_backend() if ctx.is_distributed else 'none'}")
+    # Rank 0 prepares the data first (generates it on first use); the others wait, then just read it.
+    if ctx.is_main:
+        dataset = data.cifar10("train", args.data_dir, data.train_transform(), n_train=args.n_train)
+    if ctx.is_distributed:
+        dist.barrier()
+    if not ctx.is_main:
+        dataset = data.cifar10("train", args.data_dir, data.train_transform(), n_train=args.n_train, verbose=False)
+    runs = json.loads(args.runs) if args.runs else [{}]
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ValueError(f"--runs must be a JSON list of dicts, got {args.runs!r}")
+    try:
+        for i, overrides in enumerate(runs):
+            overrides = dict(overrides)
+            name = str(overrides.pop("name", f"run{i}"))
+            unknown = sorted(set(overrides) - set(vars(args)))
+            if unknown:
+                raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
+                                 f"use {', '.join(sorted(vars(args)))}")
+            run(argparse.Namespace(**{**vars(args), **overrides}), ctx, device, dataset, name)
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()

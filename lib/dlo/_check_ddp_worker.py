@@ -1,0 +1,29 @@
+"""Worker started by the ``ddp`` checkers: each rank imports the student's script and calls one function.
+
+Usage (through dlo.env.launch): ``_check_ddp_worker.py SCRIPT FUNCTION``. Writes one record per rank:
+``{"result": ...}`` or ``{"error": "ExceptionType: message"}`` (an exception is reported, not raised, so
+that an unfinished exercise reads as "not implemented yet" rather than as a crashed run).
+"""
+import sys
+
+import torch
+
+import dlo  # noqa: F401
+from dlo.checks import load_exercises
+from dlo.env import init_distributed, teardown, write_record
+
+script, function = sys.argv[1], sys.argv[2]
+ctx = init_distributed(timeout_s=60)  # a peer that died must not leave the other waiting for 10 min
+try:
+    fn = load_exercises(script)[function]
+    if function == "reduce_metrics":
+        loss_sum, correct, count = [(5.0, 4, 10), (40.0, 27, 30)][ctx.rank]
+        result = fn(torch.tensor(loss_sum, dtype=torch.float64), torch.tensor(correct), torch.tensor(count))
+        result = {k: float(v) for k, v in dict(result).items()}
+    else:
+        raise ValueError(f"no 2-process check for {function!r}")
+    write_record({"result": result})
+except Exception as exc:  # noqa: BLE001 - reported to the checker
+    write_record({"error": f"{type(exc).__name__}: {exc}"})
+finally:
+    teardown()
