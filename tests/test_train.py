@@ -507,6 +507,60 @@ def test_train_whole_epochs_with_validation_and_final_checkpoint(train_set, tmp_
     assert result.checkpoint == str(ck)
 
 
+@pytest.mark.parametrize("optimizer, schedule", [("adamw", "warmup_cosine"), ("lion", "constant"), ("lars", "step")])
+def test_train_uses_the_named_optimizer_and_schedule(train_set, optimizer, schedule):
+    cfg = tr.TrainConfig(steps=4, log_every=1, progress=False, lr=1e-3, optimizer=optimizer, schedule=schedule,
+                         warmup_steps=2 if schedule == "warmup_cosine" else 0)
+    result = tr.train(_model(), _loader_factory(train_set, 0), cfg)
+    lrs = [r["lr"] for r in result.records if r["event"] == "train"]
+    assert len(lrs) == 4 and all(np.isfinite(lr) for lr in lrs)
+    if schedule == "warmup_cosine":
+        assert lrs[0] < lrs[1] == pytest.approx(1e-3)  # ramp, then the peak
+    if schedule == "constant":
+        assert lrs == [1e-3] * 4
+
+
+def test_train_rejects_unknown_optimizer_in_one_line(train_set):
+    with pytest.raises(ValueError, match="unknown optimizer 'adamx'") as err:
+        tr.train(_model(), _loader_factory(train_set, 0), tr.TrainConfig(steps=1, progress=False, optimizer="adamx"))
+    assert "\n" not in str(err.value)
+
+
+def test_train_passes_accum_steps_to_the_step(train_set):
+    """accum_steps reaches make_train_step: one optimizer step per batch, whatever k."""
+    cfg = tr.TrainConfig(steps=2, log_every=1, progress=False, lr=0.01, accum_steps=4)
+    result = tr.train(_model(), _loader_factory(train_set, 0), cfg)
+    assert result.step == 2
+
+
+def test_train_early_stopping_stops_and_restores_the_best(train_set, monkeypatch):
+    accuracies = iter([0.3, 0.5, 0.4, 0.45, 0.9, 0.9])
+    snapshots = []
+
+    def fake_evaluate(model, loader, device, dtype=None, channels_last=False, max_batches=None):
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        return {"loss": 1.0, "accuracy": next(accuracies), "samples": 8}
+
+    monkeypatch.setattr(tr, "evaluate", fake_evaluate)
+    val = data.make_loader(train_set, 8, shuffle=False)
+    cfg = tr.TrainConfig(epochs=6, log_every=100, progress=False, early_stopping=2)
+    result = tr.train(_model(), _loader_factory(train_set, 0), cfg, val_loader=val)
+    events = [r["event"] for r in result.records]
+    assert "early_stop" in events and result.step == 4 * (N_TRAIN // BATCH)  # epochs 0..3, stopped after 2 bad ones
+    stop = next(r for r in result.records if r["event"] == "early_stop")
+    assert stop["best_epoch"] == 1 and stop["best_val_accuracy"] == 0.5
+    assert events[-1] == "restored_best"
+    for k, v in result.model.state_dict().items():
+        assert torch.equal(v, snapshots[1][k])
+
+
+def test_train_early_stopping_needs_validation(train_set):
+    with pytest.raises(ValueError, match="early_stopping watches the validation accuracy"):
+        tr.train(_model(), _loader_factory(train_set, 0), tr.TrainConfig(epochs=2, progress=False, early_stopping=1))
+    with pytest.raises(ValueError, match="early_stopping is a patience"):
+        tr.TrainConfig(early_stopping=0)
+
+
 def _run(train_set, workers, cfg_kwargs, seed_model=0, on_step=None):
     cfg = tr.TrainConfig(steps=N_STEPS, lr=0.05, log_every=1, progress=False, seed=0, **cfg_kwargs)
     return tr.train(_model(seed_model), _loader_factory(train_set, workers), cfg, on_step=on_step)
@@ -778,3 +832,82 @@ def test_resume_with_a_different_length_is_refused_in_one_line(tmp_path):
     train(resnet18_cifar(width=4), make_loader, TrainConfig(steps=6, ckpt_path=str(ck), progress=False))
     with pytest.raises(ValueError, match="belongs to a run of 6 steps, this one has 9"):
         train(resnet18_cifar(width=4), make_loader, TrainConfig(steps=9, ckpt_path=str(ck), resume=True, progress=False))
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradient accumulation and early stopping
+# --------------------------------------------------------------------------------------------------
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _accum_grads(model, x, y, k):
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves weights, grads stay readable
+    tr.make_train_step(model, opt, nn.CrossEntropyLoss(), CPU, accum_steps=k)(x, y)
+    return _grads(model)
+
+
+@pytest.mark.parametrize("k", [2, 4, 3])  # 3 does not divide 32: micro-batches weighted by their size
+def test_accumulation_gives_the_big_batch_gradient(k):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+    x, y = torch.randn(32, 3, 8, 8), torch.randint(0, 10, (32,))
+    big = _accum_grads(model, x, y, 1)
+    small = _accum_grads(model, x, y, k)
+    for name in big:
+        torch.testing.assert_close(small[name], big[name], rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_with_batchnorm_is_close_but_not_equal():
+    """BatchNorm normalises each micro-batch with its own statistics: not the big batch's gradient."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, 10))
+    x, y = torch.randn(32, 3, 8, 8), torch.randint(0, 10, (32,))
+    big, small = _accum_grads(model, x, y, 1), _accum_grads(model, x, y, 4)
+    diff = max((small[n] - big[n]).abs().max().item() for n in big)
+    assert diff > 1e-4  # really different...
+    assert all(torch.allclose(small[n], big[n], rtol=0.5, atol=0.05) for n in big)  # ...but the same ballpark
+
+
+def test_accumulation_rejects_bad_values():
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="accum_steps must be a positive integer"):
+        tr.make_train_step(model, opt, nn.CrossEntropyLoss(), CPU, accum_steps=0)
+    step = tr.make_train_step(model, opt, nn.CrossEntropyLoss(), CPU, accum_steps=5)
+    with pytest.raises(ValueError, match="more than the batch of 4"):
+        step(torch.randn(4, 2), torch.randint(0, 2, (4,)))
+
+
+@pytest.mark.parametrize("to_disk", [False, True])
+def test_early_stopping_stops_after_patience_and_restores_the_best(tmp_path, to_disk):
+    model = nn.Linear(3, 2)
+    es = tr.EarlyStopping(patience=2, mode="max", path=tmp_path / "best.pt" if to_disk else None)
+    stops, snapshots = [], []
+    for metric in [0.50, 0.60, 0.55, 0.58, 0.70]:
+        with torch.no_grad():
+            model.weight.add_(1.0)  # the weights change every "epoch"
+        snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+        stops.append(es.step(metric, model))
+        if stops[-1]:
+            break
+    assert stops == [False, False, False, True]  # 0.55 and 0.58 do not beat 0.60: stop after 2 bad epochs
+    assert es.best == 0.60 and es.best_index == 1
+    es.restore_best(model)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, snapshots[1][k])
+
+
+def test_early_stopping_min_mode_min_delta_and_errors():
+    model = nn.Linear(2, 2)
+    es = tr.EarlyStopping(patience=1, mode="min", min_delta=0.1)
+    assert es.step(1.0, model) is False
+    assert es.step(0.95, model) is True  # improved by less than min_delta: does not count
+    with pytest.raises(ValueError, match="patience must be a positive integer"):
+        tr.EarlyStopping(patience=0)
+    with pytest.raises(ValueError, match="mode must be 'max'"):
+        tr.EarlyStopping(mode="up")
+    with pytest.raises(RuntimeError, match="before any step"):
+        tr.EarlyStopping().restore_best(model)

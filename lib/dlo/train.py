@@ -57,27 +57,53 @@ def make_grad_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.a
 
 def make_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, criterion: Callable, device: torch.device,
                     dtype: torch.dtype | None = None, scaler: torch.amp.GradScaler | None = None,
-                    clip_grad_norm: float | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+                    clip_grad_norm: float | None = None,
+                    accum_steps: int = 1) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """A function ``step(images, labels) -> loss`` (a tensor: calling ``.item()`` would force a
-    host-device synchronisation at every step, so the caller decides when to read it)."""
+    host-device synchronisation at every step, so the caller decides when to read it).
+
+    ``accum_steps = k > 1``: gradient accumulation. The batch is cut into ``k`` micro-batches; each one
+    goes forward and backward alone (activations of one micro-batch in memory at a time) and its loss is
+    weighted by its share of the batch (``len(micro) / len(batch)``), so that the gradients summed by
+    autograd equal those of the whole batch at once -- for a loss that is a mean over samples. Then one
+    optimizer step. BatchNorm is the exception: in training mode it normalises each micro-batch with that
+    micro-batch's own mean and variance (and updates its running statistics k times), so the result is
+    close to, not equal to, the big batch (see tests/test_train.py).
+    """
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+        raise ValueError(f"accum_steps must be a positive integer (1 = no accumulation), got {accum_steps!r}")
+
+    def forward_backward(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if accum_steps == 1:
+            with autocast_context(device, dtype):
+                loss = criterion(model(images), labels)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            return loss.detach()
+        if accum_steps > len(images):
+            raise ValueError(f"accum_steps={accum_steps} is more than the batch of {len(images)}: "
+                             "each micro-batch needs at least one sample")
+        total = torch.zeros((), device=images.device)
+        for x, y in zip(images.chunk(accum_steps), labels.chunk(accum_steps)):
+            with autocast_context(device, dtype):
+                loss = criterion(model(x), y) * (len(x) / len(images))
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            total += loss.detach().float()
+        return total
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with autocast_context(device, dtype):
-            loss = criterion(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
+        loss = forward_backward(images, labels)
         if scaler is not None:
-            scaler.scale(loss).backward()
             if clip_grad_norm is not None:
                 scaler.unscale_(optimizer)
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             scaler.step(optimizer)
             scaler.update()
         else:
-            loss.backward()
             if clip_grad_norm is not None:
                 nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
             optimizer.step()
-        return loss.detach()
+        return loss
 
     return step
 
@@ -249,6 +275,73 @@ class StopSignal:
 
 
 # --------------------------------------------------------------------------------------------------
+# Early stopping
+# --------------------------------------------------------------------------------------------------
+
+class EarlyStopping:
+    """Stop when a validation metric has not improved for ``patience`` evaluations; keep the best weights.
+
+    Training longer than the best epoch only over-fits (or wastes the budget). After each evaluation call
+    ``stop = es.step(metric, model)``: when the metric improves by more than ``min_delta`` the model's
+    weights are saved (to ``path`` with :func:`save_checkpoint`, atomically, or kept in memory when
+    ``path`` is None) and the count restarts; otherwise the count goes up, and ``step`` returns True once
+    it reaches ``patience``. Then :meth:`restore_best` puts the best weights back into the model: the
+    model you keep is the best one seen, not the last one.
+
+    ``mode="max"`` for accuracies, ``"min"`` for losses.
+    """
+
+    def __init__(self, patience: int = 3, min_delta: float = 0.0, mode: str = "max",
+                 path: str | os.PathLike | None = None) -> None:
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience must be a positive integer (evaluations without improvement), got {patience!r}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' (accuracy) or 'min' (loss), got {mode!r}")
+        if not min_delta >= 0:
+            raise ValueError(f"min_delta must be >= 0, got {min_delta!r}")
+        self.patience, self.min_delta, self.mode = patience, float(min_delta), mode
+        self.path = Path(path) if path is not None else None
+        self.best: float | None = None
+        self.best_index: int | None = None
+        self.bad = 0
+        self.history: list[float] = []
+        self._state: dict[str, torch.Tensor] | None = None
+
+    def improved(self, metric: float) -> bool:
+        if self.best is None:
+            return True
+        return metric > self.best + self.min_delta if self.mode == "max" else metric < self.best - self.min_delta
+
+    def step(self, metric: float, model: nn.Module, **extra: Any) -> bool:
+        """Record ``metric`` for ``model``'s current weights; True when training should stop."""
+        metric = float(metric)
+        if metric != metric:  # NaN: a diverged run never improves
+            self.history.append(metric)
+            self.bad += 1
+            return self.bad >= self.patience
+        if self.improved(metric):
+            self.best, self.best_index, self.bad = metric, len(self.history), 0
+            if self.path is not None:
+                save_checkpoint(self.path, model=model, epoch=len(self.history), metric=metric, **extra)
+            else:
+                self._state = {k: v.detach().clone() for k, v in _unwrap(model).state_dict().items()}
+        else:
+            self.bad += 1
+        self.history.append(metric)
+        return self.bad >= self.patience
+
+    def restore_best(self, model: nn.Module) -> nn.Module:
+        """Load the best weights seen into ``model`` (in place) and return it."""
+        if self.best_index is None:
+            raise RuntimeError("restore_best() before any step(): there is no best model yet")
+        if self.path is not None:
+            load_checkpoint(self.path, model=model, restore_rng=False)
+        else:
+            _unwrap(model).load_state_dict(self._state)
+        return model
+
+
+# --------------------------------------------------------------------------------------------------
 # The loop
 # --------------------------------------------------------------------------------------------------
 
@@ -258,10 +351,15 @@ class TrainConfig:
 
     epochs: int = 1
     steps: int | None = None
-    lr: float = 0.05
+    lr: float = 0.05  # the peak rate of the schedule
     momentum: float = 0.9
     weight_decay: float = 5e-4
-    nesterov: bool = True
+    optimizer: str = "sgd_nesterov"  # any name of dlo.optim.make_optimizer
+    schedule: str = "onecycle"  # any name of dlo.optim.make_scheduler, stepped once per optimizer step
+    warmup_steps: int = 0  # for schedule="warmup_cosine"
+    betas: tuple[float, float] | None = None  # Adam-like optimizers; None: the optimizer's default
+    accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    early_stopping: int | None = None  # patience in epochs on the validation accuracy (needs val_loader)
     label_smoothing: float = 0.0
     amp: str | None = None  # 'bf16' | 'fp16' | None
     channels_last: bool = False
@@ -286,6 +384,9 @@ class TrainConfig:
         amp_dtype(self.amp)
         if self.resume and not self.ckpt_path:
             raise ValueError("resume=True needs ckpt_path (the checkpoint to resume from)")
+        if self.early_stopping is not None and (isinstance(self.early_stopping, bool)
+                                                or not isinstance(self.early_stopping, int) or self.early_stopping < 1):
+            raise ValueError(f"early_stopping is a patience in epochs (a positive integer) or None, got {self.early_stopping!r}")
 
 
 @dataclass
@@ -337,7 +438,9 @@ def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch:
 def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: TrainConfig,
           device: torch.device | str = "cpu", val_loader=None,
           on_step: Callable[[int, float], None] | None = None) -> TrainResult:
-    """Train ``model`` with SGD + cosine schedule on batches from ``make_loader(generator)``.
+    """Train ``model`` on batches from ``make_loader(generator)`` with ``cfg``'s optimizer and schedule
+    (default: SGD with Nesterov momentum and a one-cycle schedule; weight decay only on weights, not on
+    biases and BatchNorm parameters, see :func:`dlo.optim.param_groups`).
 
     ``make_loader`` builds the epoch's DataLoader from a ``torch.Generator`` (see :func:`epoch_generator`).
     With ``cfg.ckpt_path``: a checkpoint is written every ``ckpt_every`` steps, at the end, and when a
@@ -351,18 +454,20 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     torch.manual_seed(cfg.seed)
     model = prepare_model(model, device, channels_last=cfg.channels_last, cudnn_benchmark=cfg.cudnn_benchmark,
                           compile=cfg.compile)
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():  # no weight decay on BatchNorm weights and biases
-        (no_decay if p.ndim <= 1 else decay).append(p)
-    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": cfg.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}],
-                                lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    from .optim import make_optimizer, make_scheduler
+
+    if cfg.early_stopping is not None and (val_loader is None or not cfg.eval_every_epoch):
+        raise ValueError("early_stopping watches the validation accuracy: pass val_loader= and keep eval_every_epoch=True")
+    optimizer = make_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                               **({"betas": tuple(cfg.betas)} if cfg.betas is not None else {}))
     steps_per_epoch = len(make_loader(epoch_generator(cfg.seed, 0)))
     total = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=cfg.lr, total_steps=total, pct_start=0.25)
+    scheduler = make_scheduler(cfg.schedule, optimizer, total, warmup_steps=cfg.warmup_steps,
+                               **({"pct_start": 0.25} if cfg.schedule == "onecycle" else {}))
     scaler = make_grad_scaler(device, dtype)
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    step_fn = make_train_step(model, optimizer, criterion, device, dtype, scaler, cfg.clip_grad_norm)
+    step_fn = make_train_step(model, optimizer, criterion, device, dtype, scaler, cfg.clip_grad_norm, cfg.accum_steps)
+    early = EarlyStopping(patience=cfg.early_stopping, mode="max") if cfg.early_stopping is not None else None
 
     result = TrainResult()
     step, epoch, skip = 0, 0, 0
@@ -419,15 +524,26 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
             if result.stopped_by:
                 break
             if b == n_batches:
+                from .bench import synchronize
+
+                synchronize(device)  # the GPU may still be running the last steps: count them in the epoch
                 record = {"event": "epoch", "epoch": epoch, "step": step, "seconds": time.perf_counter() - t_epoch}
                 if val_loader is not None and cfg.eval_every_epoch:
                     metrics = evaluate(model, val_loader, device, dtype, cfg.channels_last)
                     record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"])
                 result.records.append(record)
+                if early is not None and early.step(metrics["accuracy"], model) and step < total:
+                    result.records.append({"event": "early_stop", "epoch": epoch, "step": step,
+                                           "best_epoch": early.best_index, "best_val_accuracy": early.best,
+                                           "patience": early.patience})
+                    break
                 epoch, skip = epoch + 1, 0
             else:
                 skip = b
     bar.close()
+    if early is not None and early.best_index is not None and not result.stopped_by:
+        early.restore_best(model)  # keep the best model seen, not the last one
+        result.records.append({"event": "restored_best", "epoch": early.best_index, "val_accuracy": early.best})
     result.step = step
     result.model = model
     return result
