@@ -156,7 +156,7 @@ def _check_reduce(reduce_metrics: Callable) -> str:
     from .env import LaunchError, launch
 
     try:
-        records = launch(WORKER, [str(script), "reduce_metrics"], nproc=2, timeout_s=180, echo=False,
+        records = launch(WORKER, [str(script), "reduce_metrics"], nproc=2, timeout_s=600, echo=False,
                          env={"OMP_NUM_THREADS": "1"}, use_srun=False)
     except LaunchError as exc:
         raise CheckFailed(f"the 2-process run failed: {exc.last_line}") from None
