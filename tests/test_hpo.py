@@ -1,0 +1,457 @@
+"""dlo.hpo: toy functions, search spaces (and the duplicated-name pitfall), journal storage shared by
+processes and resumed, the small CIFAR trainer, Ray helpers, the Ray Tune Slurm template."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import dlo  # noqa: F401  (before torchvision: prepares its import)
+from dlo import hpo
+from dlo.paths import ROOT
+
+optuna = pytest.importorskip("optuna")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+BASH = shutil.which("bash")
+SBATCH = ROOT / "slurm" / "ray_tune.sbatch"
+LR = {"type": "float", "low": 1e-4, "high": 1.0, "log": True}
+
+
+# --------------------------------------------------------------------------------------------------
+# Toy functions
+# --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(hpo.TOY_FUNCTIONS))
+def test_toy_minima_are_zero_and_inside_the_box(name):
+    fn = hpo.toy_function(name)
+    for x, y in fn.minima:
+        assert fn(x, y) == pytest.approx(0, abs=1e-8)
+        assert fn.bounds["x"][0] <= x <= fn.bounds["x"][1] and fn.bounds["y"][0] <= y <= fn.bounds["y"][1]
+    assert fn(0.0, 0.0) > 0.5
+
+
+def test_toy_grid_and_unknown_function():
+    grid = hpo.toy_function("rosenbrock").grid(36)
+    assert [len(v) for v in grid.values()] == [6, 6] and grid["x"][0] == -2 and grid["x"][-1] == 2
+    with pytest.raises(ValueError, match="unknown toy function 'sphere'"):
+        hpo.toy_function("sphere")
+    with pytest.raises(ValueError, match="n_trials >= 4"):
+        hpo.toy_function("rosenbrock").grid(3)
+
+
+def test_tpe_beats_nothing_on_rosenbrock_seeded():
+    """Same seed, same trials: a study is reproducible, which the notebook's comparisons rely on."""
+    fn = hpo.toy_function("rosenbrock")
+    best = []
+    for _ in range(2):
+        study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3))
+        study.optimize(fn.objective, n_trials=20)
+        best.append(study.best_value)
+    assert best[0] == best[1] and set(study.best_params) == {"x", "y"}
+
+
+def test_best_so_far():
+    assert hpo.best_so_far([3.0, None, 1.0, 2.0]) == [3.0, 3.0, 1.0, 1.0]
+    assert hpo.best_so_far([0.1, 0.3, 0.2], "maximize") == [0.1, 0.3, 0.3]
+    assert math.isnan(hpo.best_so_far([None, 1.0])[0])
+    with pytest.raises(ValueError, match="direction"):
+        hpo.best_so_far([1.0], "min")
+
+
+# --------------------------------------------------------------------------------------------------
+# Search spaces and the duplicated-name pitfall
+# --------------------------------------------------------------------------------------------------
+
+def test_duplicated_name_silently_ties_two_parameters_in_optuna():
+    """The pitfall, pinned: Optuna returns the first value for a name asked twice, without a warning."""
+    import warnings
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        for _ in range(10):
+            trial = study.ask()
+            lr = trial.suggest_float("lr", 1e-4, 1.0, log=True)
+            weight_decay = trial.suggest_float("lr", 1e-4, 1.0, log=True)
+            assert weight_decay == lr
+            assert list(trial.params) == ["lr"]
+            study.tell(trial, 0.0)
+
+
+def test_strict_trial_raises_on_a_name_asked_twice():
+    trial = hpo.StrictTrial(optuna.create_study().ask())
+    trial.suggest_float("lr", 1e-4, 1.0, log=True)
+    trial.suggest_int("layers", 1, 4)
+    with pytest.raises(hpo.DuplicateParameterError, match="'lr' is sampled twice"):
+        trial.suggest_float("lr", 1e-4, 1.0, log=True)
+    assert trial.number == 0 and set(trial.params) == {"lr", "layers"}  # everything else is forwarded
+
+
+def test_suggest_uses_one_name_per_parameter():
+    space = {"lr": LR, "weight_decay": {"type": "float", "low": 1e-6, "high": 1e-2, "log": True},
+             "layers": {"type": "int", "low": 1, "high": 8, "step": 1},
+             "optimizer": {"type": "categorical", "choices": ["sgd", "adamw"]}}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(10):
+        trial = study.ask()
+        values = hpo.suggest(trial, space)
+        assert values == trial.params and set(values) == set(space)
+        study.tell(trial, 0.0)
+    assert len({t.params["lr"] - t.params["weight_decay"] for t in study.trials}) == 10
+    assert trial.distributions == hpo.to_optuna(space)
+
+
+@pytest.mark.parametrize("space, message", [
+    ([("lr", LR), ("lr", LR)], "parameter 'lr' is defined twice"),
+    ({"lr": {"type": "float", "low": 0.1, "high": 0.01}}, "empty range: low=0.1 >= high=0.01"),
+    ({"lr": {"type": "float", "low": 0.1, "high": 0.1}}, "empty range"),
+    ({"wd": {"type": "float", "low": 0.0, "high": 1e-2, "log": True}}, "log scale needs low > 0"),
+    ({"wd": {"type": "int", "low": -1, "high": 4, "log": True}}, "log scale needs low > 0"),
+    ({"lr": {"type": "loguniform", "low": 1e-4, "high": 1.0}}, "unknown type 'loguniform'"),
+    ({"lr": {"low": 1e-4, "high": 1.0}}, "unknown type None"),
+    ({"lr": {"type": "float", "low": 1e-4, "high": 1.0, "logscale": True}}, "unknown key"),
+    ({"lr": {"type": "float", "low": 1e-4}}, "needs both 'low' and 'high'"),
+    ({"lr": {"type": "float", "low": "a", "high": 1.0}}, "finite numbers"),
+    ({"lr": {"type": "float", "low": 1e-4, "high": 1.0, "log": True, "step": 0.1}}, "cannot be combined"),
+    ({"n": {"type": "int", "low": 1.5, "high": 4}}, "must be integers"),
+    ({"opt": {"type": "categorical", "choices": []}}, "non-empty list"),
+    ({"opt": {"type": "categorical", "choices": ["sgd", "sgd"]}}, "lists a value twice"),
+    ({"": LR}, "non-empty strings"),
+    ({}, "it is empty"),
+    (42, "give a dict"),
+    ({"lr": 0.1}, "its spec must be a dict"),
+])
+def test_invalid_search_spaces_give_one_clear_line(space, message):
+    with pytest.raises(hpo.SearchSpaceError) as info:
+        hpo.validate_space(space)
+    text = str(info.value)
+    assert message in text and "\n" not in text and text.startswith("invalid search space")
+
+
+def test_json_space_with_a_key_written_twice():
+    text = '{"lr": {"type": "float", "low": 1e-4, "high": 1}, "lr": {"type": "int", "low": 1, "high": 4}}'
+    assert json.loads(text) == {"lr": {"type": "int", "low": 1, "high": 4}}  # what json.loads alone does
+    with pytest.raises(hpo.SearchSpaceError, match="key 'lr' appears twice in the JSON"):
+        hpo.parse_space_json(text)
+    with pytest.raises(hpo.SearchSpaceError, match="not valid JSON"):
+        hpo.parse_space_json("{lr: 1}")
+    assert hpo.parse_space_json('{"lr": {"type": "float", "low": 1e-4, "high": 1, "log": true}}')["lr"]["log"] is True
+
+
+def test_to_ray_domains_match_the_space():
+    pytest.importorskip("ray.tune")
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    space = {"lr": LR, "momentum": {"type": "float", "low": 0.0, "high": 0.99},
+             "layers": {"type": "int", "low": 1, "high": 4}, "opt": {"type": "categorical", "choices": ["a", "b"]}}
+    dom = hpo.to_ray(space)
+    assert isinstance(dom["lr"], Float) and (dom["lr"].lower, dom["lr"].upper) == (1e-4, 1.0)
+    assert type(dom["lr"].get_sampler()).__name__ == "_LogUniform"
+    assert isinstance(dom["layers"], Integer) and (dom["layers"].lower, dom["layers"].upper) == (1, 5)  # upper excluded
+    assert isinstance(dom["opt"], Categorical) and dom["opt"].categories == ["a", "b"]
+    draws = [dom["layers"].sample() for _ in range(200)]
+    assert set(draws) == {1, 2, 3, 4}  # both bounds reachable, as in Optuna
+
+
+# --------------------------------------------------------------------------------------------------
+# Journal storage: several processes, one study, resumed
+# --------------------------------------------------------------------------------------------------
+
+def test_journal_storage_rejects_unusable_paths(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for bad, message in [(tmp_path / "file" / "journal.log", "is not writable"),
+                         (tmp_path / "missing" / "journal.log", "does not exist"),
+                         (tmp_path, "is a folder")]:
+        with pytest.raises(hpo.JournalPathError, match=message) as info:
+            hpo.journal_storage(bad)
+        assert "\n" not in str(info.value)
+    with pytest.raises(hpo.JournalPathError, match="must be a file path"):
+        hpo.journal_storage(None)
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_journal_storage_in_a_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(hpo.JournalPathError, match="not writable"):
+            hpo.journal_storage(ro / "journal.log")
+    finally:
+        ro.chmod(0o700)
+
+
+@pytest.mark.distributed
+def test_two_worker_processes_share_a_study_then_it_resumes(tmp_path):
+    journal = tmp_path / "journal.log"
+    optuna.create_study(study_name="shared", storage=hpo.journal_storage(journal))
+    summaries = hpo.launch_workers(journal, "shared", n_workers=2, n_trials=6, function="himmelblau", seed=5,
+                                   sleep_s=0.02)
+    assert [s["trials"] for s in summaries] == [6, 6] and len({s["pid"] for s in summaries}) == 2
+    assert [s["seed"] for s in summaries] == [5, 6]  # each worker its own sampler seed
+    study = optuna.load_study(study_name="shared", storage=hpo.journal_storage(journal))
+    trials = study.trials
+    assert len(trials) == 12 and sorted(t.number for t in trials) == list(range(12))
+    assert sorted(t.user_attrs["worker"] for t in trials) == [0] * 6 + [1] * 6
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    # "restart": new storage object, same file, same study; more trials on top
+    resumed = optuna.load_study(study_name="shared", storage=hpo.journal_storage(journal))
+    resumed.optimize(hpo.toy_function("himmelblau").objective, n_trials=3)
+    assert len(optuna.load_study(study_name="shared", storage=hpo.journal_storage(journal)).trials) == 15
+
+
+def test_worker_command_line_errors_are_one_line(tmp_path, capsys):
+    code = hpo.main(["worker", "--journal", str(tmp_path / "nope" / "j.log"), "--study", "s"])
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"error: journal file {tmp_path / 'nope' / 'j.log'} is not writable (its folder {tmp_path / 'nope'} does not "
+        "exist): give a file in a folder you can write to (on a cluster: a shared file system such as $WORK or "
+        "$SCRATCH)"]
+    code = hpo.main(["worker", "--journal", str(tmp_path / "j.log"), "--study", "s", "--function", "sphere"])
+    assert code == 2 and "unknown toy function 'sphere'" in capsys.readouterr().err
+    code = hpo.main(["worker", "--journal", str(tmp_path / "j.log"), "--study", "s", "--n-trials", "0"])
+    assert code == 2 and "--n-trials must be >= 1" in capsys.readouterr().err
+    # the real command line, in its own process
+    res = subprocess.run([sys.executable, "-m", "dlo.hpo", "worker", "--journal", str(tmp_path / "j.log"), "--study",
+                          "absent"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        f"error: no study 'absent' in {tmp_path / 'j.log'}: create it first (optuna.create_study(storage=..., "
+        "study_name='absent'))"]
+
+
+def test_launch_workers_reports_a_failing_worker(tmp_path):
+    journal = tmp_path / "journal.log"
+    hpo.journal_storage(journal)
+    with pytest.raises(RuntimeError, match=r"worker 0 failed \(exit 2\): error: no study 'missing'"):
+        hpo.launch_workers(journal, "missing", n_workers=1, n_trials=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# The small CIFAR training
+# --------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (96,), generator=gen)
+    x[y < 5, 0] += 1.0  # something to learn
+    return {"x_train": x[:64], "y_train": y[:64], "x_val": x[64:], "y_val": y[64:]}
+
+
+def test_trainer_builds_the_narrow_resnet(tiny_data):
+    from dlo.models import CifarResNet18
+
+    trainer = hpo.Trainer({"lr": 0.1}, tiny_data, arch="resnet", width=2)
+    assert isinstance(trainer.model, CifarResNet18) and trainer.model.conv1.out_channels == 2
+
+
+def test_trainer_epochs_and_checkpoint_roundtrip(tiny_data):
+    kw = dict(arch="mlp", width=16, batch_size=16, seed=1)
+    a = hpo.Trainer({"lr": 0.05, "momentum": 0.5}, tiny_data, **kw)
+    acc = a.train_epoch()
+    assert isinstance(acc, float) and 0.0 <= acc <= 1.0 and a.epoch == 1
+    state = a.state_dict()
+    b = hpo.Trainer({"lr": 0.05, "momentum": 0.5}, tiny_data, **kw)
+    b.load_state_dict(state)
+    assert b.epoch == 1 and a.train_epoch() == b.train_epoch()  # same weights, optimiser state and shuffling
+    b.set_hparams({"lr": 0.01})
+    assert b.optimizer.param_groups[0]["lr"] == 0.01 and b.config["momentum"] == 0.5
+
+
+def test_trainer_rejects_unknown_hyperparameters(tiny_data):
+    with pytest.raises(ValueError, match="unknown hyper-parameter\\(s\\) 'learning_rate'"):
+        hpo.Trainer({"learning_rate": 0.1}, tiny_data)
+    with pytest.raises(ValueError, match="needs 'lr'"):
+        hpo.Trainer({"momentum": 0.9}, tiny_data)
+    with pytest.raises(ValueError, match="unknown arch"):
+        hpo.Trainer({"lr": 0.1}, tiny_data, arch="vit")
+    with pytest.raises(ValueError, match="data lacks x_val"):
+        hpo.Trainer({"lr": 0.1}, {k: v for k, v in tiny_data.items() if k != "x_val"})
+
+
+def test_study_summary_counts_pruned_trials_and_epochs():
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=0.5))
+
+    def objective(trial):
+        x = trial.suggest_float("x", 0, 1)
+        for step in (1, 2, 3):
+            trial.report(x, step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return x
+
+    study.enqueue_trial({"x": 0.9})
+    study.enqueue_trial({"x": 0.1})
+    study.optimize(objective, n_trials=2)
+    row = hpo.study_summary(study, 1.5, "t")
+    assert (row["trials"], row["complete"], row["pruned"], row["epochs trained"]) == (2, 1, 1, 4)
+    assert row["best value"] == 0.9 and row["wall time (s)"] == 1.5
+
+
+def test_ray_summary_from_records():
+    class Grid:
+        num_errors = 0
+
+        def __len__(self):
+            return 3
+
+    records = [{"trial": "a", "epoch": e, "accuracy": 0.1 * e} for e in (1, 2, 3)]
+    records += [{"trial": "b", "epoch": 1, "accuracy": 0.5}]
+    records += [{"trial": "c", "epoch": e, "accuracy": 0.2} for e in (1, 2, 3)]
+    row = hpo.ray_summary(records, Grid(), 2.0, "ray", max_epochs=3)
+    assert (row["complete"], row["pruned"], row["epochs trained"]) == (2, 1, 7)
+    assert row["best value"] == pytest.approx(0.3)  # b's 0.5 came from a trial stopped early
+
+
+def test_pbt_exploits_reads_the_log(tmp_path):
+    line = ["1_lr=0.0001", "3_lr=0.5", 3, 2, {"lr": 0.5}, {"lr": 0.6}]
+    (tmp_path / "pbt_global.txt").write_text(json.dumps(line) + "\n")
+    assert hpo.pbt_exploits(tmp_path) == [{"trial": "1", "copied from": "3", "at iteration": 3, "from iteration": 2,
+                                           "lr before": 0.5, "lr after": 0.6}]
+    assert hpo.pbt_exploits(tmp_path / "none") == []
+
+
+# --------------------------------------------------------------------------------------------------
+# Ray
+# --------------------------------------------------------------------------------------------------
+
+def test_ray_temp_dir_stays_short_enough_for_unix_sockets(tmp_path):
+    short = hpo.ray_temp_dir("/tmp/dlo-r")
+    long = hpo.ray_temp_dir(tmp_path / ("x" * 80))
+    for path in (short, long):
+        assert len(str(path)) + hpo._SESSION_TAIL <= hpo._SOCKET_MAX
+    assert short == Path("/tmp/dlo-r").resolve() and long.parent == Path(tempfile.gettempdir())
+    assert not short.exists()  # only a name: ray_start creates it
+
+
+def test_a_half_started_ray_is_stopped_before_retrying():
+    """After a failed ray.init, only this process's Ray children are stopped (none of its other children)."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ray_like = subprocess.Popen([*sleep, "/venv/site-packages/ray/_private/log_monitor.py"])
+    other = subprocess.Popen([*sleep, "/data/array/x"])
+    try:
+        hpo._stop_ray_children()
+        assert ray_like.wait(timeout=10) is not None
+        assert other.poll() is None
+    finally:
+        for proc in (ray_like, other):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
+    """A tiny Tune run on the local Ray that dlo.hpo.ray_start starts: PBT restarts trials from checkpoints."""
+    ray = pytest.importorskip("ray")
+    from ray import tune
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    def trainable(config):
+        import tempfile
+        from pathlib import Path
+
+        start, value = 0, 0.0
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as folder:
+                start, value = json.loads((Path(folder) / "state.json").read_text())
+        for step in range(start, 4):
+            value += config["lr"]
+            with tempfile.TemporaryDirectory() as folder:
+                (Path(folder) / "state.json").write_text(json.dumps([step + 1, value]))
+                tune.report({"score": value, "epoch": step + 1}, checkpoint=tune.Checkpoint.from_directory(folder))
+
+    info = hpo.ray_start(num_cpus=2)
+    try:
+        assert info["num_cpus"] == 2 and info["seconds"] > 0
+        pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
+                                      hyperparam_mutations={"lr": tune.uniform(0.0, 1.0)})
+        progress = hpo.tune_progress(2, "test", metrics=("score", "epoch"))
+        tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space={"lr": tune.uniform(0.0, 1.0)},
+                           tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=pbt, num_samples=2,
+                                                       reuse_actors=True),
+                           run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path.resolve()), verbose=0,
+                                                     callbacks=[progress],
+                                                     checkpoint_config=tune.CheckpointConfig(num_to_keep=4)))
+        grid = tuner.fit()
+        assert grid.num_errors == 0 and len(grid) == 2
+        row = hpo.ray_summary(progress.records, grid, 1.0, "pbt", max_epochs=4, metric="score")
+        assert row["complete"] == 2 and row["epochs trained"] >= 8
+        assert {r["trial"] for r in progress.records} == {r.metrics["trial_id"] for r in grid}
+        assert all(isinstance(e["lr after"], float) for e in hpo.pbt_exploits(tmp_path / "pbt"))
+    finally:
+        ray.shutdown()
+    assert not ray.is_initialized()
+
+
+# --------------------------------------------------------------------------------------------------
+# slurm/ray_tune.sbatch
+# --------------------------------------------------------------------------------------------------
+
+def sbatch_options(script: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in script.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        m = re.match(r"^#SBATCH\s+(--[\w-]+)(?:=(\S*))?", line)
+        if m:
+            assert m[1] not in out, f"{m[1]} appears twice"
+            out[m[1]] = m[2] or ""
+    return out
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not installed")
+def test_ray_tune_sbatch_is_valid_bash_with_head_and_worker_logic():
+    res = subprocess.run([BASH, "-n", str(SBATCH)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    text = SBATCH.read_text()
+    assert text.startswith("#!/bin/bash\n") and "set -euo pipefail" in text
+    opts = sbatch_options(text)
+    assert opts["--ntasks-per-node"] == "1" and opts["--output"] == "runs/slurm/%x-%j.out"
+    for key in ("--job-name", "--nodes", "--gpus-per-node", "--cpus-per-task", "--time"):
+        assert key in opts
+    # head on the first node, then one worker per other node, all through srun, each with the node's resources
+    assert 'HEAD=${NODES[0]}' in text and 'for node in "${NODES[@]:1}"' in text
+    head = text.index("ray start --head")
+    worker = text.index('ray start --address="$RAY_ADDRESS"')
+    assert head < worker
+    assert '--num-cpus="$CPUS"' in text and '--num-gpus="$GPUS"' in text and "SLURM_CPUS_PER_TASK" in text
+    assert text.count('srun "${STEP[@]}" -w') == 2 and "--block" in text
+    # waits for the head and for every node before the driver; exports the address; stops Ray at the end
+    assert "ray status" in text and 'ray.nodes()' in text and "export RAY_ADDRESS=" in text
+    assert "dlo run" in text and "ray stop" in text and "trap stop_ray EXIT" in text
+    assert "RAY_AUTH_MODE=token" in text and "RAY_USAGE_STATS_ENABLED=0" in text
+
+
+@pytest.mark.skipif(BASH is None, reason="bash not installed")
+def test_ray_tune_sbatch_argument_errors_are_one_line(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "srun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["DLO_ROOT"] = str(ROOT)
+
+    def run(*args, slurm=True):
+        e = dict(env, PATH=f"{fake}:{env['PATH']}", SLURM_JOB_ID="42") if slurm else env
+        return subprocess.run([BASH, str(SBATCH), *args], capture_output=True, text=True, env=e, timeout=60)
+
+    res = run("Jour4/hpo.ipynb", slurm=False)
+    assert res.returncode == 2 and res.stderr.strip().startswith("error: not inside a Slurm job")
+    res = run()
+    assert res.returncode == 2 and res.stderr.strip().startswith("error: no driver given")
+    res = run("Jour4/nope.ipynb")
+    assert res.returncode == 2 and "error: driver 'Jour4/nope.ipynb' not found" in res.stderr
+    res = run("README.md")
+    assert res.returncode == 2 and "neither a notebook (.ipynb) nor a Python script (.py)" in res.stderr
