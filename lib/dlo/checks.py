@@ -343,4 +343,4 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
 
 
 # The other courses' checkers register themselves on import.
-from . import checks_ddp, checks_hpo, checks_jit, checks_jour2, checks_jour3, checks_jour4  # noqa: E402,F401
+from . import checks_ddp, checks_hpo, checks_inference, checks_jit, checks_jour2, checks_jour3, checks_jour4  # noqa: E402,F401
