@@ -619,6 +619,9 @@ def _stop_ray_children() -> None:
             p.kill()
 
 
+_RAY_START_ATTEMPTS = 3  # Ray gives its node a fixed 30 s to register; a busy machine may need another go
+
+
 def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.PathLike | None = None,
               log_to_driver: bool = False) -> dict[str, Any]:
     """Start a local Ray for a notebook, or join the cluster named by ``$RAY_ADDRESS``; say what was started.
@@ -661,7 +664,7 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled": it is, on purpose
         try:
-            for attempt in (1, 2):
+            for attempt in range(1, _RAY_START_ATTEMPTS + 1):
                 try:
                     ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                                    log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
@@ -672,8 +675,8 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
                         raise
                     _stop_ray_children()
                     load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
-                    if attempt == 2:
-                        raise RuntimeError(f"Ray did not start twice: its node must register within 30 s, and this "
+                    if attempt == _RAY_START_ATTEMPTS:
+                        raise RuntimeError(f"Ray did not start in {attempt} tries: its node must register within 30 s, and this "
                                            f"machine is too busy ({load} for {os.cpu_count()} cores); try again "
                                            f"when it is quieter") from None
                     print(f"Ray did not start within its 30 s limit ({load} for {os.cpu_count()} cores): "
