@@ -387,7 +387,9 @@ def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
         assert grid.num_errors == 0 and len(grid) == 2
         row = hpo.ray_summary(progress.records, grid, 1.0, "pbt", max_epochs=4, metric="score")
         assert row["complete"] == 2 and row["epochs trained"] >= 8
-        assert {r["trial"] for r in progress.records} == {r.metrics["trial_id"] for r in grid}
+        trials = {r["trial"] for r in progress.records}  # every trial reported through the callback
+        # (not r.metrics["trial_id"]: after a PBT exploit a trial's last result may carry its donor's id)
+        assert len(trials) == 2 and all(any(t in Path(r.path).name for r in grid) for t in trials)
         assert all(isinstance(e["lr after"], float) for e in hpo.pbt_exploits(tmp_path / "pbt"))
     finally:
         ray.shutdown()
