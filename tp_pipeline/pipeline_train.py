@@ -262,13 +262,11 @@ def run_deepspeed(args, ctx, device, schedule: str, m: int) -> dict:
     """The same model run by DeepSpeed's PipelineModule: one layer per piece (the embedding with the first
     block, the head with the last), cut uniformly into ``world_size`` stages; a plain torch optimizer
     (nothing for DeepSpeed to compile)."""
-    import deepspeed
-    import deepspeed.comm.torch as ds_torch_comm
     from deepspeed.pipe import PipelineModule
 
-    # On a CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce (C++, seconds to
-    # minutes, needs a compiler). The pipeline only sends and receives: keep torch's gloo, compile nothing.
-    ds_torch_comm.build_shm_op = lambda: None
+    from dlo._compat import import_deepspeed
+
+    deepspeed = import_deepspeed()  # on a CPU: keep torch's gloo, compile nothing
 
     cfg = TransformerConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
                             num_layers=args.layers, num_heads=args.heads, name="workshop llama")

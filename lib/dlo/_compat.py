@@ -57,3 +57,17 @@ def ensure_torchvision() -> bool:
             _LIB.define(schema)
     SHIMMED = True
     return True
+
+
+def import_deepspeed():
+    """``import deepspeed``, set up to compile nothing on a CPU-only machine.
+
+    DeepSpeed's communication backend JIT-compiles a shared-memory collective in C++ the first time it starts
+    on a CPU (about 2 minutes on 2 cores, and a compiler must be there), even when given a plain torch
+    optimizer. Marking that op incompatible makes DeepSpeed keep torch's gloo collectives instead.
+    """
+    import deepspeed
+
+    if not torch.cuda.is_available():
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # DeepSpeed reads this dict before building it
+    return deepspeed
