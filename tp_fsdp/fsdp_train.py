@@ -1,0 +1,353 @@
+"""tp_fsdp -- training Llama 3.2 3B past DDP's memory wall: FSDP2, mixed precision, checkpointing, DeepSpeed ZeRO.
+
+DDP keeps everything (weights, gradients, AdamW states: 16 bytes per parameter, 51 GB for 3.2 B parameters)
+on every GPU. FSDP2 shards all three over the ranks and all-gathers one decoder layer at a time. This script
+trains transformers' LlamaForCausalLM (exact Llama 3.2 3B config, or a small one) on token data from
+``dlo.tokens`` under one of several configurations, and writes one record per configuration and rank:
+tokens/s, MFU, peak memory, the memory the calculator (``dlo.memory``) predicts, the loss trajectory.
+
+Run it:
+    python fsdp_train.py --model smoke --steps 6                        # one process
+    torchrun --nproc_per_node 2 fsdp_train.py --model smoke --strategy fsdp
+    dlo.env.launch("fsdp_train.py", [..., "--runs", json.dumps([...])], nproc=2)   # what the notebook does
+
+Exercises 0-8 are the functions with a TODO in ``student/fsdp_train.py``; ``dlo check fsdp <step>`` checks one.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
+from dlo import tokens
+from dlo.env import init_distributed, pick_device, teardown, write_record
+from dlo.memory import GB, count_parameters, per_gpu_memory
+from dlo.parallel import fsdp as ref
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 0 -- the baseline: DDP
+# ---------------------------------------------------------------------------------------------------
+def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
+    """Move the model to ``device``; with several processes wrap it in ``DistributedDataParallel``
+    (``device_ids=[device.index]`` on a GPU, ``None`` on the CPU). One process: return the model itself."""
+    # BEGIN SOLUTION: model.to(device); return it alone when not ctx.is_distributed, else DDP(model, device_ids=...)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = model.to(device)
+    if not ctx.is_distributed:
+        return model
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 1 (and 4) -- FSDP2: each decoder layer, then the root
+# ---------------------------------------------------------------------------------------------------
+def apply_fsdp(model: nn.Module, *, mp_policy=None, reshard_after_forward: bool = True, offload=None) -> nn.Module:
+    """``fully_shard`` every decoder layer (``model.model.layers``), then the whole model.
+
+    Each call makes one FSDP unit: its parameters are all-gathered together before it runs and its gradients
+    reduce-scattered together after its backward. The root call takes what no layer owns (embeddings,
+    final norm, the tied head). Pass ``mp_policy`` (None: fp32), ``reshard_after_forward`` and ``offload``
+    (an OffloadPolicy, None: none) to every call.
+    """
+    # BEGIN SOLUTION: from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, OffloadPolicy; fully_shard(layer, ...) for each layer, then fully_shard(model, ...)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    kwargs = dict(mp_policy=mp_policy or MixedPrecisionPolicy(), offload_policy=offload or OffloadPolicy(),
+                  reshard_after_forward=reshard_after_forward)
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 2 -- mixed precision
+# ---------------------------------------------------------------------------------------------------
+def mixed_precision_policy(precision: str):
+    """None for ``"fp32"``; for ``"bf16"`` a ``MixedPrecisionPolicy`` computing in bf16 (the all-gathered
+    weights) but reducing gradients in fp32. Any other name: ValueError."""
+    # BEGIN SOLUTION: None for "fp32"; MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) for "bf16"; else ValueError
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    raise ValueError(f"unknown precision {precision!r}: use 'fp32' or 'bf16'")
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 3 -- activation checkpointing
+# ---------------------------------------------------------------------------------------------------
+def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
+    """Replace each decoder layer by ``checkpoint_wrapper(layer)`` (from
+    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``): its activations are recomputed during
+    backward instead of being stored. Call it before ``apply_fsdp``; return the model."""
+    # BEGIN SOLUTION: for i, layer in enumerate(model.model.layers): model.model.layers[i] = checkpoint_wrapper(layer)
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    return model
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 5 -- CPU offload
+# ---------------------------------------------------------------------------------------------------
+def offload_policy(device: torch.device, enabled: bool):
+    """``OffloadPolicy()`` (nothing offloaded) when not enabled; ``CPUOffloadPolicy(pin_memory=True)`` when
+    enabled on a GPU; enabled while training on the CPU: ``ValueError`` saying why (nothing to offload)."""
+    # BEGIN SOLUTION: OffloadPolicy() if not enabled; ValueError if device.type != "cuda"; else CPUOffloadPolicy(pin_memory=True)
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if not enabled:
+        return OffloadPolicy()
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"CPU offload moves the sharded state from GPU to CPU memory, but this run trains on "
+                         f"{device}: drop the offload option, or run on GPUs")
+    return CPUOffloadPolicy(pin_memory=True)
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 6 -- torch.compile on the sharded model
+# ---------------------------------------------------------------------------------------------------
+def compile_layers(model: nn.Module) -> nn.Module:
+    """Compile each decoder layer in place (``layer.compile()``), before ``apply_fsdp``: FSDP's hooks stay
+    between the compiled layers, and all layers share one compiled graph. Return the model."""
+    # BEGIN SOLUTION: layer.compile() for every layer in model.model.layers
+    for layer in model.model.layers:
+        layer.compile()
+    return model
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 7 -- sharded checkpoint, save and resume
+# ---------------------------------------------------------------------------------------------------
+def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
+    """Every rank writes its own shards with ``torch.distributed.checkpoint``: get the model and optimizer
+    state dicts with ``torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)``, then
+    ``dcp.save({"model": ..., "optim": ..., "step": torch.tensor(step)}, checkpoint_id=str(path))``."""
+    # BEGIN SOLUTION: get_state_dict(model, optimizer), then dcp.save({...}, checkpoint_id=str(path))
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": torch.tensor(step)}, checkpoint_id=str(path))
+    # END SOLUTION
+
+
+def load_checkpoint(path, model: nn.Module, optimizer) -> int:
+    """Load what :func:`save_checkpoint` wrote into this (identically sharded) model and optimizer, in
+    place; return the saved step. ``dcp.load`` fills a state dict of the right shapes, which
+    ``set_state_dict(model, optimizer, model_state_dict=..., optim_state_dict=...)`` then applies."""
+    # BEGIN SOLUTION: state = {"model": ..., "optim": ..., "step": torch.tensor(0)} from get_state_dict; dcp.load(state, checkpoint_id=...); set_state_dict(...); return int(state["step"])
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return int(state["step"])
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Exercise 8 -- DeepSpeed ZeRO
+# ---------------------------------------------------------------------------------------------------
+def deepspeed_config(stage: int, global_batch: int, world_size: int, precision: str = "fp32") -> dict:
+    """The DeepSpeed JSON config of ZeRO ``stage`` (1, 2 or 3): ``train_batch_size`` (global),
+    ``train_micro_batch_size_per_gpu`` (per rank: ``dlo.tokens.per_rank_batch``), ``gradient_accumulation_steps``
+    1, ``zero_optimization: {"stage": stage}``, ``bf16: {"enabled": precision == "bf16"}``."""
+    # BEGIN SOLUTION: check the stage, then the dict described above (per_rank_batch raises when world_size does not divide)
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
+    return {"train_batch_size": global_batch,
+            "train_micro_batch_size_per_gpu": tokens.per_rank_batch(global_batch, world_size),
+            "gradient_accumulation_steps": 1, "zero_optimization": {"stage": stage},
+            "bf16": {"enabled": precision == "bf16"}, "steps_per_print": 10**9}
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run itself (not an exercise)
+# ---------------------------------------------------------------------------------------------------
+STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smoke", choices=list(ref.MODEL_CONFIGS))
+    p.add_argument("--model-path", default=None, help="local save_pretrained folder (default: random init)")
+    p.add_argument("--data", default=None, help="datasets.save_to_disk folder or .txt file(s) (default: generated)")
+    p.add_argument("--tokenizer", default=None, help="local tokenizer folder, needed with --data")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--global-batch", type=int, default=4, help="sequences per optimizer step, over all ranks")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--strategy", default="fsdp", choices=STRATEGIES)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of decoder layers")
+    p.add_argument("--no-reshard", action="store_true", help="FSDP: keep gathered weights from forward to backward")
+    p.add_argument("--offload", action="store_true", help="FSDP: CPU offload of the sharded state (GPU only)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--resume-check", action="store_true",
+                   help="FSDP: train half, save a sharded checkpoint, reload it into a fresh model, finish, compare")
+    p.add_argument("--runs", default=None,
+                   help='JSON list of runs, each a dict of overrides, e.g. [{"name": "bf16", "precision": "bf16"}]')
+    return p.parse_args(argv)
+
+
+def build(args, ctx, device, cfg):
+    """The wrapped model, its optimizer and, for DeepSpeed, the engine."""
+    if args.offload and args.strategy != "fsdp":
+        raise ValueError(f"--offload is an FSDP option, not one of {args.strategy}")
+    offload = offload_policy(device, args.offload) if args.strategy == "fsdp" else None  # errors before any work
+    model = ref.build_llama(cfg, model_path=args.model_path, seed=args.seed, device=device)
+    if args.checkpointing:
+        apply_activation_checkpointing(model)
+    if args.compile:
+        compile_layers(model)
+    if args.strategy == "ddp":
+        model = wrap_ddp(model, ctx, device)
+        if args.precision != "fp32":
+            raise ValueError("this script runs DDP in fp32 only (the baseline); use --strategy fsdp for bf16")
+    elif args.strategy == "fsdp":
+        model = apply_fsdp(model, mp_policy=mixed_precision_policy(args.precision),
+                           reshard_after_forward=not args.no_reshard, offload=offload)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    engine = None
+    if args.strategy.startswith("zero"):
+        config = deepspeed_config(int(args.strategy[-1]), args.global_batch, ctx.world_size, args.precision)
+        engine = ref.deepspeed_initialize(model, optimizer, config)
+    return model, optimizer, engine
+
+
+def run(args, ctx, device, dataset, name: str) -> dict:
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    cfg = ref.model_config(args.model)
+    per_rank = tokens.per_rank_batch(args.global_batch, ctx.world_size)
+    strategy_mem = "fsdp" if args.strategy == "fsdp" else args.strategy
+    predicted = per_gpu_memory(cfg, ctx.world_size, strategy=strategy_mem, precision=ref.memory_precision(args.precision),
+                               batch=per_rank, seq_len=args.seq_len, checkpointing=args.checkpointing)
+    record = {"run": name, "strategy": args.strategy, "precision": args.precision, "checkpointing": args.checkpointing,
+              "reshard_after_forward": not args.no_reshard, "offload": args.offload, "compile": args.compile,
+              "model": args.model, "n_params": count_parameters(cfg)["total"], "seq_len": args.seq_len,
+              "global_batch": args.global_batch, "per_rank_batch": per_rank, "device": str(device),
+              "predicted_gb": predicted["total"] / GB, "predicted": predicted}
+    try:
+        model, optimizer, engine = build(args, ctx, device, cfg)
+        data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, device=device)
+        out = ref.train_steps(model, optimizer, data, args.steps, device=device, engine=engine,
+                              warmup=args.warmup_steps)
+        record.update(out, status="ok", peak_memory_gb=out["peak_memory_bytes"] / GB)
+        record.update(ref.throughput(cfg, args.seq_len, args.global_batch, out["median_step_s"], device,
+                                     ctx.world_size if device.type == "cuda" else 1))
+        if args.resume_check:
+            record.update(resume_check(args, ctx, device, dataset, cfg, out["losses"]))
+    except torch.OutOfMemoryError as exc:  # what the calculator predicted: report it, go on with the next run
+        record.update(status="oom", error=str(exc).splitlines()[0])
+    finally:
+        model = optimizer = engine = None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    write_record(record)
+    if record["status"] == "ok":
+        mfu = f", MFU {record['mfu']:.1%}" if record.get("mfu") is not None else ""
+        say(f"[{name}] loss {record['losses'][0]:.3f} -> {record['losses'][-1]:.3f}, "
+            f"{record['tokens_per_s']:,.0f} tokens/s{mfu}, peak {record['peak_memory_gb']:.2f} GB "
+            f"({record['memory_kind']}), predicted {record['predicted_gb']:.2f} GB")
+    else:
+        say(f"[{name}] out of memory (predicted {record['predicted_gb']:.1f} GB per rank)")
+    return record
+
+
+def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict:
+    """Train ``steps // 2``, save, rebuild everything (other seed), load, train the rest: same losses?"""
+    if args.strategy != "fsdp":
+        raise ValueError("--resume-check uses FSDP's sharded state dicts: use --strategy fsdp")
+    half = args.steps // 2
+    folder = Path(tempfile.mkdtemp(prefix="dcp-")) if ctx.is_main else None
+    if ctx.is_distributed:  # one folder for all ranks (a shared file system on clusters)
+        box = [str(folder) if folder else None]
+        dist.broadcast_object_list(box, src=0)
+        folder = Path(box[0])
+    model, optimizer, _ = build(args, ctx, device, cfg)
+    data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, device=device)
+    first = ref.train_steps(model, optimizer, data, half, device=device, track_memory=False)["losses"]
+    save_checkpoint(folder / "ckpt", model, optimizer, half)
+    model, optimizer, _ = build(argparse.Namespace(**{**vars(args), "seed": args.seed + 1}), ctx, device, cfg)
+    step = load_checkpoint(folder / "ckpt", model, optimizer)
+    data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, start_step=step,
+                       device=device)
+    rest = ref.train_steps(model, optimizer, data, args.steps - step, device=device, track_memory=False)["losses"]
+    if ctx.is_distributed:
+        dist.barrier()
+    if ctx.is_main:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"resumed_losses": first + rest, "resumed_from": step, "resume_bit_exact": first + rest == straight}
+
+
+def one_process_group(device: torch.device) -> None:
+    """FSDP, DCP and DeepSpeed need a process group even alone (one GPU, or plain ``python``): make one of 1."""
+    store = dist.FileStore(tempfile.mktemp(prefix="dlo-fsdp-store-"), 1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it (torchrun and srun set it)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed()  # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU
+    device = torch.device("cuda", ctx.local_rank) if pick_device().type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        one_process_group(device)
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    try:
+        cfg = ref.model_config(args.model)
+        dataset, vocab = tokens.token_dataset(args.seq_len, source=args.data, tokenizer=args.tokenizer,
+                                              vocab_size=None if args.data else cfg.vocab_size,
+                                              n_sequences=max(64, 4 * args.global_batch), seed=args.seed)
+        if vocab > cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {vocab} tokens, more than the model's {cfg.vocab_size}")
+        say(f"{ctx.world_size} process(es) on {device}; {cfg.name}: {count_parameters(cfg)['total']:,} parameters; "
+            f"data: {dataset.description}")
+        runs = json.loads(args.runs) if args.runs else [{}]
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise ValueError(f"--runs must be a JSON list of dicts, got {args.runs!r}")
+        for i, overrides in enumerate(runs):
+            overrides = dict(overrides)
+            name = str(overrides.pop("name", f"run{i}"))
+            unknown = sorted(set(overrides) - set(vars(args)))
+            if unknown:
+                raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
+                                 f"use {', '.join(sorted(vars(args)))}")
+            run(argparse.Namespace(**{**vars(args), **overrides}), ctx, device, dataset, name)
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
