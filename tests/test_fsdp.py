@@ -114,7 +114,7 @@ def test_activation_checkpointing_and_compile_wrap_every_layer():
 
 
 def test_clear_errors(tmp_path):
-    with pytest.raises(ValueError, match="not divisible by the world size 3"):
+    with pytest.raises(ValueError, match="not divisible by world size 3"):
         tokens.per_rank_batch(8, 3)
     with pytest.raises(ValueError, match="not divisible"):
         fsdp.deepspeed_config(1, 5, 2)

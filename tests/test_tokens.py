@@ -69,7 +69,7 @@ def test_rank_loaders_split_the_single_process_batches():
 
 
 def test_clear_errors(tmp_path, tokenizer_dir):
-    with pytest.raises(ValueError, match="not divisible by the world size 4"):
+    with pytest.raises(ValueError, match="not divisible by world size 4"):
         tokens.rank_loader(tokens.token_dataset(8, vocab_size=30)[0], 6, 0, 4)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         tokens.token_dataset(8, source=tmp_path / "missing.txt", tokenizer=tokenizer_dir)

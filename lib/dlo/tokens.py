@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .ddp import per_rank_batch  # the world size must divide the global batch (one rule, one error message)
+
 __all__ = ["generated_stream", "load_texts", "tokenize_texts", "TokenSequences", "token_dataset", "per_rank_batch",
            "rank_loader"]
 
@@ -156,16 +158,6 @@ def token_dataset(seq_len: int, *, source: str | os.PathLike | None = None, toke
     stream = generated_stream(n_sequences * seq_len + 1, vocab_size, seed=seed)
     return TokenSequences(stream, seq_len, description=f"generated token stream (seed {seed}, vocab {vocab_size}, "
                                                        f"{n_sequences} sequences of {seq_len})"), vocab_size
-
-
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """Sequences each rank processes per step; the world size must divide the global batch."""
-    _positive("global_batch", global_batch)
-    _positive("world_size", world_size)
-    if global_batch % world_size:
-        raise ValueError(f"global batch {global_batch} is not divisible by the world size {world_size}: "
-                         f"use a multiple of {world_size} (e.g. {(global_batch // world_size + 1) * world_size})")
-    return global_batch // world_size
 
 
 def rank_loader(dataset: Dataset, global_batch: int, rank: int = 0, world_size: int = 1, *, shuffle: bool = True,
