@@ -1,0 +1,564 @@
+# Exercise version: generated from ../tp_balises.py by `make student` -- edit this copy.
+# The parts marked TODO raise NotImplementedError until you write them; `dlo check --list` shows their checkers.
+"""Workshop -- Megatron-style tensor parallelism (TP) of a Llama decoder, from scratch, in 11 balises.
+
+Tensor parallelism cuts every large weight matrix of the model into ``tp`` slices, one per process of a
+*TP group*: each process stores and multiplies only its slice, and the processes exchange activations
+(all-reduces) at a few well-chosen places. The model is :class:`dlo.llama.Llama` (RMSNorm, rotary
+embeddings, grouped-query attention, SwiGLU MLP); every parallel piece below is built by *slicing the
+weights of the full model*, so the TP model must reproduce the single-process model exactly.
+
+Run it:
+    python tp_balises.py                                     # 1 process (tp = 1): the reference
+    torchrun --nproc_per_node 2 tp_balises.py --layouts 2x1  # tp = 2 (gloo on CPU, nccl on GPUs)
+    torchrun --nproc_per_node 4 tp_balises.py --layouts 4x1 2x2 --impls scratch dtensor
+    dlo.env.launch("tp_balises.py", [...], nproc=4)         # what the notebook does (srun under Slurm)
+
+Balises 1-11 below are yours: in ``student/tp_balises.py`` their bodies raise NotImplementedError until
+you write them, and ``dlo check tp <n>`` checks balise n (``dlo check --list`` shows them all). The
+communication helpers you call (:func:`dlo.parallel.comm.all_reduce`, ``all_gather_last_dim``,
+``split_last_dim``) count every collective, so the notebook can compare your traffic with theory.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import dlo  # noqa: F401  (project caches and the torchvision shim)
+from dlo.bench import PeakMemory, synchronize
+from dlo.env import init_distributed, teardown, write_record
+from dlo.llama import Llama, apply_rotary, causal_attention, lm_loss, rotary_cos_sin, token_batch
+from dlo.memory import TransformerConfig
+from dlo.parallel.comm import COUNTER, all_gather_last_dim, all_reduce, group_rank, group_size, split_last_dim
+
+
+# ===================================================================================================
+# Balise 1 -- the four autograd-aware communication primitives
+# ===================================================================================================
+# A torch.autograd.Function has a forward and a backward; ``ctx`` carries what backward needs (the group).
+# Use all_reduce(t, group, phase="forward"|"backward"), all_gather_last_dim(t, group, phase=...) and
+# split_last_dim(t, group): with one process they return t unchanged, so this file also runs alone.
+
+class CopyToRegion(torch.autograd.Function):
+    """"f": the input is already whole on every rank; each rank's layer uses it, so the gradient of the input
+    is the SUM of the ranks' gradients."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        # TODO: identity -- return x.view_as(x) (a new tensor object autograd can attach to)
+        raise NotImplementedError('identity -- return x.view_as(x) (a new tensor object autograd can attach to)')
+
+    @staticmethod
+    def backward(ctx, grad):
+        # TODO: all-reduce the gradient over ctx.group (phase="backward"); return (grad, None)
+        raise NotImplementedError('all-reduce the gradient over ctx.group (phase="backward"); return (grad, None)')
+
+
+class ReduceFromRegion(torch.autograd.Function):
+    """"g": each rank holds a partial sum; the forward adds them up; the sum's gradient flows back unchanged
+    to every partial (d(a+b)/da = 1)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        # TODO: return all_reduce(x, group, phase="forward")
+        raise NotImplementedError('return all_reduce(x, group, phase="forward")')
+
+    @staticmethod
+    def backward(ctx, grad):
+        # TODO: identity: return grad, None
+        raise NotImplementedError('identity: return grad, None')
+
+
+class GatherFromRegion(torch.autograd.Function):
+    """Forward: concatenate the ranks' slices along the last dimension. Backward: keep this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        # TODO: return all_gather_last_dim(x, group, phase="forward")
+        raise NotImplementedError('return all_gather_last_dim(x, group, phase="forward")')
+
+    @staticmethod
+    def backward(ctx, grad):
+        # TODO: return split_last_dim(grad, ctx.group), None
+        raise NotImplementedError('return split_last_dim(grad, ctx.group), None')
+
+
+class ScatterToRegion(torch.autograd.Function):
+    """Forward: keep this rank's slice of the last dimension. Backward: all-gather the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        # TODO: return split_last_dim(x, group)
+        raise NotImplementedError('return split_last_dim(x, group)')
+
+    @staticmethod
+    def backward(ctx, grad):
+        # TODO: return all_gather_last_dim(grad, ctx.group, phase="backward"), None
+        raise NotImplementedError('return all_gather_last_dim(grad, ctx.group, phase="backward"), None')
+
+
+def copy_to_region(x, group=None):
+    return CopyToRegion.apply(x, group)
+
+
+def reduce_from_region(x, group=None):
+    return ReduceFromRegion.apply(x, group)
+
+
+def gather_from_region(x, group=None):
+    return GatherFromRegion.apply(x, group)
+
+
+def scatter_to_region(x, group=None):
+    return ScatterToRegion.apply(x, group)
+
+
+def _divisible(what: str, n: int, tp: int, where: str) -> None:
+    """One clear error line when tp does not divide a dimension (given: use it in balises 2-7)."""
+    if n % tp:
+        raise ValueError(f"{where}: tp={tp} does not divide {what}={n}; "
+                         f"choose tp among {[d for d in range(1, min(n, 64) + 1) if n % d == 0]}")
+
+
+# ===================================================================================================
+# Balise 2 -- ColumnParallelLinear: split the OUTPUT features
+# ===================================================================================================
+class ColumnParallelLinear(nn.Module):
+    """Rank r of tp keeps rows [r*n, (r+1)*n) of ``full.weight`` (out_features x in_features) and of the bias,
+    n = out_features / tp, as its own Parameters ``weight`` / ``bias`` (clones: not views of ``full``).
+    forward: f on the input (unless ``copy_input=False``), the local linear, then the all-gather of the
+    output slices if ``gather_output``."""
+
+    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False, copy_input: bool = True) -> None:
+        super().__init__()
+        self.group, self.gather_output, self.copy_input = group, gather_output, copy_input
+        tp, r = group_size(group), group_rank(group)
+        _divisible("out_features", full.out_features, tp, "ColumnParallelLinear")
+        # TODO: n = full.out_features // tp; self.weight = nn.Parameter(rows r*n:(r+1)*n of full.weight, cloned); same for the bias (None if full.bias is None)
+        raise NotImplementedError('n = full.out_features // tp; self.weight = nn.Parameter(rows r*n:(r+1)*n of full.weight, cloned); same for the bias (None if full.bias is None)')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO: copy_to_region if self.copy_input; F.linear(x, self.weight, self.bias); gather_from_region if self.gather_output
+        raise NotImplementedError('copy_to_region if self.copy_input; F.linear(x, self.weight, self.bias); gather_from_region if self.gather_output')
+
+
+# ===================================================================================================
+# Balise 3 -- RowParallelLinear: split the INPUT features
+# ===================================================================================================
+class RowParallelLinear(nn.Module):
+    """Rank r keeps columns [r*n, (r+1)*n) of ``full.weight``, n = in_features / tp; its input is already
+    that slice of the features (the output of a ColumnParallelLinear). Partial outputs are summed over the
+    ranks by g; the bias (whole, not sliced) is added ONCE, after the sum."""
+
+    def __init__(self, full: nn.Linear, group=None) -> None:
+        super().__init__()
+        self.group = group
+        tp, r = group_size(group), group_rank(group)
+        _divisible("in_features", full.in_features, tp, "RowParallelLinear")
+        # TODO: self.weight = Parameter of columns r*n:(r+1)*n of full.weight (cloned); self.bias = the whole bias (cloned) or None
+        raise NotImplementedError('self.weight = Parameter of columns r*n:(r+1)*n of full.weight (cloned); self.bias = the whole bias (cloned) or None')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO: reduce_from_region(F.linear(x, self.weight), group), then + self.bias if there is one
+        raise NotImplementedError('reduce_from_region(F.linear(x, self.weight), group), then + self.bias if there is one')
+
+
+# ===================================================================================================
+# Balise 4 -- VocabParallelEmbedding: split the vocabulary
+# ===================================================================================================
+class VocabParallelEmbedding(nn.Module):
+    """Rank r keeps the rows [r*n, (r+1)*n) of the embedding table (n = vocab / tp). A token id outside that
+    range must give a row of zeros on this rank (mask it, look up a valid dummy row, zero it); the all-reduce
+    g then sums the ranks' answers, exactly one of which is non-zero."""
+
+    def __init__(self, full: nn.Embedding, group=None) -> None:
+        super().__init__()
+        self.group = group
+        tp, r = group_size(group), group_rank(group)
+        _divisible("vocab_size", full.num_embeddings, tp, "VocabParallelEmbedding")
+        n = full.num_embeddings // tp
+        self.vocab_start, self.vocab_end = r * n, (r + 1) * n
+        self.weight = nn.Parameter(full.weight.detach()[r * n:(r + 1) * n].clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # TODO: outside = ids out of [vocab_start, vocab_end); local = (ids - vocab_start) with 0 where outside; F.embedding, zero the outside rows, reduce_from_region
+        raise NotImplementedError('outside = ids out of [vocab_start, vocab_end); local = (ids - vocab_start) with 0 where outside; F.embedding, zero the outside rows, reduce_from_region')
+
+
+# ===================================================================================================
+# Balise 5 -- the parallel SwiGLU MLP: one all-reduce per forward
+# ===================================================================================================
+class ParallelSwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` from a :class:`dlo.llama.SwiGLU`: gate and up column-parallel, down
+    row-parallel. Apply f ONCE to x (gate and up both read it: two f's would all-reduce its gradient twice)."""
+
+    def __init__(self, full, group=None) -> None:
+        super().__init__()
+        self.group = group
+        _divisible("intermediate_size", full.gate_proj.out_features, group_size(group), "ParallelSwiGLU")
+        # TODO: gate_proj / up_proj = ColumnParallelLinear(..., copy_input=False); down_proj = RowParallelLinear
+        raise NotImplementedError('gate_proj / up_proj = ColumnParallelLinear(..., copy_input=False); down_proj = RowParallelLinear')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # TODO: x = copy_to_region(x, group); return down(silu(gate(x)) * up(x))
+        raise NotImplementedError('x = copy_to_region(x, group); return down(silu(gate(x)) * up(x))')
+
+
+# ===================================================================================================
+# Balise 6 -- parallel grouped-query attention: heads split, one all-reduce per forward
+# ===================================================================================================
+class ParallelAttention(nn.Module):
+    """From a :class:`dlo.llama.Attention`: rank r owns query heads [r*h/tp, (r+1)*h/tp) and K/V heads
+    [r*kv/tp, (r+1)*kv/tp) -- column-parallel q/k/v_proj (their rows are grouped by head), row-parallel
+    o_proj. Raise a clear ValueError when tp does not divide num_heads or num_kv_heads (use _divisible).
+    Rotary embeddings and attention are per head: use apply_rotary and causal_attention unchanged."""
+
+    def __init__(self, full, group=None) -> None:
+        super().__init__()
+        self.group, self.head_dim = group, full.head_dim
+        tp = group_size(group)
+        # TODO: check divisibility of both head counts; local head counts; q/k/v ColumnParallelLinear(copy_input=False), o RowParallelLinear
+        raise NotImplementedError('check divisibility of both head counts; local head counts; q/k/v ColumnParallelLinear(copy_input=False), o RowParallelLinear')
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # TODO: f once; q/k/v as [b, local heads, s, head_dim]; apply_rotary; causal_attention; back to [b, s, local heads * head_dim]; o_proj
+        raise NotImplementedError('f once; q/k/v as [b, local heads, s, head_dim]; apply_rotary; causal_attention; back to [b, s, local heads * head_dim]; o_proj')
+
+
+# ===================================================================================================
+# Balise 7 -- the whole TP transformer
+# ===================================================================================================
+class TPDecoderBlock(nn.Module):
+    """Given: the pre-norm block with parallel attention and MLP; the norms are replicated (deep copies)."""
+
+    def __init__(self, full, group=None) -> None:
+        super().__init__()
+        self.input_layernorm = copy.deepcopy(full.input_layernorm)
+        self.self_attn = ParallelAttention(full.self_attn, group)
+        self.post_attention_layernorm = copy.deepcopy(full.post_attention_layernorm)
+        self.mlp = ParallelSwiGLU(full.mlp, group)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TPLlama(nn.Module):
+    """:class:`dlo.llama.Llama` split over ``group``, with the SAME parameter names: ``embed_tokens``
+    (vocab-parallel), ``layers`` (TPDecoderBlock), ``norm`` (replicated copy), ``lm_head`` (column-parallel,
+    output left split over the vocabulary; tied to ``embed_tokens.weight`` when ``cfg.tie_embeddings``)."""
+
+    def __init__(self, full: Llama, group=None) -> None:
+        super().__init__()
+        self.cfg, self.group, self.rope_theta = full.cfg, group, full.rope_theta
+        # TODO: embed_tokens, layers (nn.ModuleList of TPDecoderBlock), norm, lm_head (+ tie when cfg.tie_embeddings)
+        raise NotImplementedError('embed_tokens, layers (nn.ModuleList of TPDecoderBlock), norm, lm_head (+ tie when cfg.tie_embeddings)')
+
+    def local_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's slice [batch, seq, vocab/tp] of the logits."""
+        # TODO: embed; cos, sin = rotary_cos_sin(seq, cfg.head_dim, theta=self.rope_theta, device/dtype of x); the layers; lm_head(norm(x))
+        raise NotImplementedError('embed; cos, sin = rotary_cos_sin(seq, cfg.head_dim, theta=self.rope_theta, device/dtype of x); the layers; lm_head(norm(x))')
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The full logits (gathered: [batch, seq, vocab] on every rank)."""
+        return gather_from_region(self.local_logits(input_ids), self.group)
+
+    def loss(self, input_ids, labels, *, vocab_parallel: bool = True) -> torch.Tensor:
+        if vocab_parallel:
+            return vocab_parallel_cross_entropy(self.local_logits(input_ids), labels, self.group)
+        return lm_loss(self(input_ids), labels)
+
+
+# ===================================================================================================
+# Balise 8 -- vocab-parallel cross-entropy: never build the full logits on one rank
+# ===================================================================================================
+def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tensor, group=None, *,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy over the tokens whose label is not ``ignore_index``, equal to F.cross_entropy of
+    the full logits, from this rank's slice [..., V/tp] (vocabulary [r*V/tp, (r+1)*V/tp)).
+
+    loss_t = log(sum_v exp(z_v - m)) - (z_target - m), m = the global max over the vocabulary (all_reduce
+    with op=dist.ReduceOp.MAX of the detached local max: no gradient needed through it). Both sums over
+    the vocabulary are per-rank partial sums: add them up with reduce_from_region (one call on the stacked
+    pair) so that autograd sends the gradient back to every rank's logits. Compute in float32."""
+    # TODO: local max -> all_reduce MAX; shift; sum of exp and the target logit (0 on ranks that do not own it); one reduce_from_region; mean over valid tokens
+    raise NotImplementedError('local max -> all_reduce MAX; shift; sum of exp and the target logit (0 on ranks that do not own it); one reduce_from_region; mean over valid tokens')
+
+
+# ===================================================================================================
+# Balise 9 -- TP process groups: contiguous ranks
+# ===================================================================================================
+def tp_group_ranks(world_size: int, tp: int) -> list[list[int]]:
+    """The TP groups as lists of ranks: contiguous blocks [[0..tp-1], [tp..2tp-1], ...] (the ranks of one node
+    are contiguous, and TP, which communicates at every layer, must stay inside a node). ValueError if tp
+    does not divide world_size."""
+    # TODO: check world_size % tp, then [list(range(k*tp, (k+1)*tp)) for each block k]
+    raise NotImplementedError('check world_size % tp, then [list(range(k*tp, (k+1)*tp)) for each block k]')
+
+
+def make_tp_group(tp: int):
+    """Create EVERY TP group with dist.new_group (every rank must call new_group for every group, in the
+    same order, even for groups it is not in) and return this rank's group."""
+    # TODO: loop over tp_group_ranks(dist.get_world_size(), tp): g = dist.new_group(ranks); keep g where dist.get_rank() in ranks
+    raise NotImplementedError('loop over tp_group_ranks(dist.get_world_size(), tp): g = dist.new_group(ranks); keep g where dist.get_rank() in ranks')
+
+
+# ===================================================================================================
+# Balise 10 -- DP groups: strided ranks
+# ===================================================================================================
+def dp_group_ranks(world_size: int, tp: int, dp: int) -> list[list[int]]:
+    """The DP groups: the ranks that hold the SAME TP slice, i.e. strided [[0, tp, 2tp, ...], [1, tp+1, ...]].
+    Raise ValueError("tp × dp must equal the world size: ...") when tp * dp != world_size."""
+    # TODO: check tp * dp == world_size (clear message), then [list(range(i, world_size, tp)) for i in range(tp)]
+    raise NotImplementedError('check tp * dp == world_size (clear message), then [list(range(i, world_size, tp)) for i in range(tp)]')
+
+
+def make_dp_group(tp: int, dp: int):
+    """Create every DP group (same rule as make_tp_group) and return this rank's."""
+    # TODO: like make_tp_group with dp_group_ranks(dist.get_world_size(), tp, dp)
+    raise NotImplementedError('like make_tp_group with dp_group_ranks(dist.get_world_size(), tp, dp)')
+
+
+# ===================================================================================================
+# Balise 11 -- TP x DP: shard the data over DP, average gradients and metrics over DP only
+# ===================================================================================================
+def dp_loader(dataset, dp_rank: int, dp_size: int, batch_per_replica: int, *, seed: int = 0):
+    """(DataLoader, DistributedSampler) giving DP replica ``dp_rank`` its shard. The ranks of one TP group
+    must read the SAME batch: the sampler is indexed by the DP rank, not by the global rank."""
+    # TODO: DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed, drop_last=True); DataLoader(batch_size=batch_per_replica, sampler=...)
+    raise NotImplementedError('DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed, drop_last=True); DataLoader(batch_size=batch_per_replica, sampler=...)')
+
+
+def average_gradients(model: nn.Module, dp_group) -> None:
+    """Average every gradient over the DP group (what DDP(process_group=dp_group) would do); count the
+    collectives with phase="dp". With one DP replica, nothing to do."""
+    # TODO: for each p.grad: p.grad.copy_(all_reduce(p.grad, dp_group, phase="dp") / group_size(dp_group))
+    raise NotImplementedError('for each p.grad: p.grad.copy_(all_reduce(p.grad, dp_group, phase="dp") / group_size(dp_group))')
+
+
+def reduce_over_dp(loss_sum: torch.Tensor, count: torch.Tensor, dp_group) -> float:
+    """Validation loss over the whole validation set: sums over the DP group only (the ranks of a TP group
+    computed the SAME numbers; summing over the world would count them tp times), then divide."""
+    # TODO: total = all_reduce(torch.stack([loss_sum, count]).double(), dp_group, phase="metrics"); return total[0] / total[1]
+    raise NotImplementedError('total = all_reduce(torch.stack([loss_sum, count]).double(), dp_group, phase="metrics"); return total[0] / total[1]')
+
+
+# ===================================================================================================
+# Given: gather a TP model's slices back into full tensors (to compare with the single-process model)
+# ===================================================================================================
+def split_dims(model: nn.Module) -> dict[str, int | None]:
+    """Where each parameter's slice sits in the full tensor (None: replicated)."""
+    out: dict[str, int | None] = {}
+    for mod_name, mod in model.named_modules():
+        for p_name, _ in mod.named_parameters(recurse=False):
+            full_name = f"{mod_name}.{p_name}" if mod_name else p_name
+            dim = None
+            if isinstance(mod, (ColumnParallelLinear, VocabParallelEmbedding)):
+                dim = 0
+            elif isinstance(mod, RowParallelLinear) and p_name == "weight":
+                dim = 1
+            out.setdefault(full_name, dim)
+    return out
+
+
+def full_tensors(model: nn.Module, group=None, *, grads: bool = False) -> dict[str, torch.Tensor]:
+    """{name: full tensor} of the parameters (or gradients), gathered over the TP group (not counted)."""
+    dims, n, out = split_dims(model), group_size(group), {}
+    for name, p in model.named_parameters():
+        t = (p.grad if grads else p).detach().contiguous()
+        if dims[name] is None or n == 1:
+            out[name] = t.clone()
+        else:
+            parts = [torch.empty_like(t) for _ in range(n)]
+            dist.all_gather(parts, t, group=group)
+            out[name] = torch.cat(parts, dim=dims[name])
+    return out
+
+
+# ===================================================================================================
+# main: train TP (x DP) models, measure, compare with one process; one record per layout
+# ===================================================================================================
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layouts", nargs="+", default=None, help="TPxDP layouts, e.g. 2x1 2x2 (default: <world>x1)")
+    p.add_argument("--impls", nargs="+", default=["scratch"], choices=["scratch", "dtensor"],
+                   help="from-scratch TP (this file) and/or DTensor's parallelize_module (dp = 1 only)")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--intermediate", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--global-batch", type=int, default=8, help="sequences per optimizer step, over the DP replicas")
+    p.add_argument("--steps", type=int, default=8, help="training steps (the first --warmup untimed)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--n-train", type=int, default=256, help="sequences of the (random-token) training set")
+    p.add_argument("--n-val", type=int, default=32)
+    p.add_argument("--gathered-loss", action="store_true", help="gather the logits and use F.cross_entropy")
+    p.add_argument("--compare", action="store_true", help="after one step, compare with the single-process model")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    return p.parse_args(argv)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _dataset(n: int, seq: int, vocab: int, seed: int) -> TensorDataset:
+    """Learnable token sequences: each sequence follows t -> (5 t + c) mod vocab from a random start, with
+    its own c among 4 values (so the model must read the context to tell which rule applies)."""
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab, (n, 1), generator=gen)
+    c = torch.tensor([1, 3, 7, 11])[torch.randint(0, 4, (n, 1), generator=gen)]
+    tokens = [start]
+    for _ in range(seq):
+        tokens.append((5 * tokens[-1] + c) % vocab)
+    tokens = torch.cat(tokens, dim=1)
+    return TensorDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+
+
+def _compare(args, cfg, model, tp_group, dp_group, dp_rank, dp, impl, device) -> dict[str, float]:
+    """One step on a fixed global batch, TP(xDP) vs the single-process Llama: largest differences."""
+    ids, labels = token_batch(args.global_batch, args.seq, cfg.vocab_size, seed=123)
+    ref = Llama(cfg, seed=0).to(device)
+    ref_loss = ref.loss(ids.to(device), labels.to(device))
+    ref_loss.backward()
+    per = args.global_batch // dp
+    rows = slice(dp_rank * per, (dp_rank + 1) * per)
+    x, y = ids[rows].to(device), labels[rows].to(device)
+    loss = model.loss(x, y) if impl == "dtensor" else model.loss(x, y, vocab_parallel=not args.gathered_loss)
+    loss.backward()
+    if impl == "dtensor":
+        from dlo.parallel.tensor import dtensor_full_tensors
+
+        grads = dtensor_full_tensors(model, grads=True)
+    else:
+        average_gradients(model, dp_group)
+        grads = full_tensors(model, tp_group, grads=True)
+    loss_all = all_reduce(loss.detach(), dp_group, phase="metrics") / dp
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return {"loss": float((loss_all - ref_loss.detach()).abs()),
+            "grad": max(float((grads[n] - ref_grads[n]).abs().max()) for n in ref_grads),
+            "grad_rel": max(float((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp(min=1e-30))
+                            for n in ref_grads)}
+
+
+def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
+    tp, dp = (int(v) for v in layout.lower().split("x"))
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    dp_group_ranks(world, tp, dp)  # a clear error before anything else
+    if impl == "dtensor" and dp != 1:
+        raise ValueError(f"--impls dtensor runs pure TP only (dp = 1); got layout {layout}")
+    tp_group = make_tp_group(tp) if dist.is_initialized() else None
+    dp_group = make_dp_group(tp, dp) if dist.is_initialized() else None
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    tp_rank, dp_rank = rank % tp, rank // tp
+    cfg = TransformerConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                            num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                            name="workshop Llama")
+    dtype = getattr(torch, args.dtype)
+    full = Llama(cfg, seed=0).to(device)
+    if impl == "dtensor":
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from dlo.parallel.tensor import dtensor_llama
+
+        model = dtensor_llama(full, init_device_mesh(device.type, (tp,)))
+    else:
+        model = TPLlama(full, tp_group)
+    del full
+    diffs = _compare(args, cfg, model, tp_group, dp_group, dp_rank, dp, impl, device) if args.compare else None
+    model = model.to(dtype)
+    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    if args.global_batch % dp:
+        raise ValueError(f"--global-batch {args.global_batch} is not divisible by dp={dp}")
+    loader, sampler = dp_loader(_dataset(args.n_train, args.seq, cfg.vocab_size, seed=0), dp_rank, dp,
+                                args.global_batch // dp)
+
+    def batches():
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    it, times, losses, comm_step = batches(), [], [], None
+    with PeakMemory(device) as peak:
+        for step in range(args.steps):
+            x, y = (t.to(device) for t in next(it))
+            synchronize(device)
+            if dist.is_initialized():
+                dist.barrier()
+            COUNTER.reset()
+            t0 = time.perf_counter()
+            loss = model.loss(x, y) if impl == "dtensor" else model.loss(x, y, vocab_parallel=not args.gathered_loss)
+            loss.backward()
+            if impl == "scratch":
+                average_gradients(model, dp_group)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+            if comm_step is None:
+                comm_step = COUNTER.rows()
+            losses.append(float(loss.detach()))
+    # validation: every rank of a TP group sees the same sequences; the DP replicas split them
+    val = _dataset(args.n_val, args.seq, cfg.vocab_size, seed=1)
+    per = args.n_val // dp
+    vx, vy = (t[dp_rank * per:(dp_rank + 1) * per].to(device) for t in val.tensors)
+    with torch.no_grad():
+        vloss = model.loss(vx, vy) if impl == "dtensor" else model.loss(vx, vy, vocab_parallel=not args.gathered_loss)
+    val_loss = reduce_over_dp(vloss.detach().float() * vy.numel(), torch.tensor(float(vy.numel()), device=device),
+                              dp_group)
+    timed = times[args.warmup:] or times
+    record = {"kind": "layout", "layout": layout, "impl": impl, "tp": tp, "dp": dp, "tp_rank": tp_rank,
+              "dp_rank": dp_rank, "device": str(device), "dtype": args.dtype, "step_s_median": statistics.median(timed),
+              "step_s": times, "losses": losses, "val_loss": val_loss, "comm": comm_step or [],
+              "local_params": local_params, "local_param_bytes": local_params * torch.finfo(dtype).bits // 8,
+              "peak_bytes": peak.peak_bytes, "peak_kind": peak.kind,
+              "tokens_per_s": args.global_batch * args.seq / statistics.median(timed), "compare": diffs,
+              "config": {k: getattr(args, k) for k in ("vocab", "hidden", "intermediate", "layers", "heads", "kv_heads",
+                                                       "seq", "global_batch")}}
+    if rank == 0:
+        print(f"{impl:8s} {layout}: {record['step_s_median'] * 1e3:8.1f} ms/step, loss {losses[0]:.3f} -> "
+              f"{losses[-1]:.3f}, val {val_loss:.3f}" + (f", max |grad diff| {diffs['grad']:.1e}" if diffs else ""),
+              flush=True)
+    return record
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed()
+    device = _device()
+    torch.manual_seed(0)
+    try:
+        layouts = args.layouts or [f"{ctx.world_size}x1"]
+        for layout in layouts:
+            for impl in args.impls:
+                if impl == "dtensor" and (not layout.lower().endswith("x1") or not ctx.is_distributed):
+                    continue  # DTensor is compared on pure TP, with a process group
+                write_record(run_layout(args, layout, impl, ctx, device))
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
