@@ -270,3 +270,20 @@ def test_launch_bad_input(tmp_path):
 def test_free_port():
     port = free_port()
     assert 0 < port < 65536
+
+
+def test_expand_runs_overrides_names_and_rejects_unknown_options():
+    import argparse
+
+    from dlo.env import expand_runs
+
+    args = argparse.Namespace(lr=0.1, steps=3, runs=None)
+    assert [(n, vars(a)) for n, a in expand_runs(args, None)] == [("run0", {"lr": 0.1, "steps": 3, "runs": None})]
+    runs = expand_runs(args, '[{"name": "fast", "lr": 1.0}, {"steps": 5}]')
+    assert [n for n, _ in runs] == ["fast", "run1"]
+    assert (runs[0][1].lr, runs[0][1].steps, runs[1][1].lr, runs[1][1].steps) == (1.0, 3, 0.1, 5)
+    assert args.lr == 0.1  # the parsed options are not modified
+    with pytest.raises(ValueError, match="--runs entry 'x' sets unknown option\\(s\\) lrr: use lr, runs, steps"):
+        expand_runs(args, '[{"name": "x", "lrr": 1}]')
+    with pytest.raises(ValueError, match="--runs must be a JSON list of dicts"):
+        expand_runs(args, '{"lr": 1}')

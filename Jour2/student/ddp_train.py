@@ -18,7 +18,6 @@ until you write them, and ``dlo check ddp <step>`` checks one function (``dlo ch
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ import dlo  # noqa: F401  (project caches and the torchvision shim: before any t
 from dlo import data
 from dlo.bench import synchronize
 from dlo.ddp import ConditionalHeadsNet, StochasticDepthNet, attach_comm_recorder, per_rank_batch
-from dlo.env import init_distributed, teardown, write_record
+from dlo.env import expand_runs, init_distributed, teardown, write_record
 from dlo.models import count_parameters, resnet18_cifar
 from dlo.train import save_checkpoint
 
@@ -261,18 +260,9 @@ def main(argv=None) -> None:
         dist.barrier()
     if not ctx.is_main:
         dataset = data.cifar10("train", args.data_dir, data.train_transform(), n_train=args.n_train, verbose=False)
-    runs = json.loads(args.runs) if args.runs else [{}]
-    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-        raise ValueError(f"--runs must be a JSON list of dicts, got {args.runs!r}")
     try:
-        for i, overrides in enumerate(runs):
-            overrides = dict(overrides)
-            name = str(overrides.pop("name", f"run{i}"))
-            unknown = sorted(set(overrides) - set(vars(args)))
-            if unknown:
-                raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
-                                 f"use {', '.join(sorted(vars(args)))}")
-            run(argparse.Namespace(**{**vars(args), **overrides}), ctx, device, dataset, name)
+        for name, run_args in expand_runs(args, args.runs):  # several configurations, one launch
+            run(run_args, ctx, device, dataset, name)
     finally:
         teardown()
 

@@ -768,6 +768,32 @@ def _stop(proc: subprocess.Popen, grace_s: float = 40.0) -> None:
         proc.wait()
 
 
+def expand_runs(args: Any, runs_json: str | None) -> list[tuple[str, Any]]:
+    """The configurations of a "several runs in one launch" script: ``[(name, args_for_that_run), ...]``.
+
+    ``runs_json`` (a script's ``--runs`` option) is a JSON list of dicts, each overriding some of the
+    parsed ``args`` (an ``argparse.Namespace``) and optionally naming the run (``"name"``, default
+    ``run<i>``); None or empty means one run with ``args`` as they are. Starting processes costs seconds,
+    so a notebook measures several configurations in one launch. A key that is not an option of the script
+    is a one-line error naming the options there are.
+    """
+    import argparse
+
+    runs = json.loads(runs_json) if runs_json else [{}]
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ValueError(f"--runs must be a JSON list of dicts, got {runs_json!r}")
+    out = []
+    for i, overrides in enumerate(runs):
+        overrides = dict(overrides)
+        name = str(overrides.pop("name", f"run{i}"))
+        unknown = sorted(set(overrides) - set(vars(args)))
+        if unknown:
+            raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
+                             f"use {', '.join(sorted(vars(args)))}")
+        out.append((name, argparse.Namespace(**{**vars(args), **overrides})))
+    return out
+
+
 def launch(
     script: str | os.PathLike,
     args: Sequence[str] = (),

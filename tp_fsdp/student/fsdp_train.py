@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import shutil
 import tempfile
@@ -31,7 +30,7 @@ from torch import nn
 
 import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
 from dlo import tokens
-from dlo.env import init_distributed, pick_device, teardown, write_record
+from dlo.env import expand_runs, init_distributed, pick_device, teardown, write_record
 from dlo.memory import GB, count_parameters, per_gpu_memory
 from dlo.parallel import fsdp as ref
 
@@ -279,17 +278,8 @@ def main(argv=None) -> None:
             raise ValueError(f"the tokenizer has {vocab} tokens, more than the model's {cfg.vocab_size}")
         say(f"{ctx.world_size} process(es) on {device}; {cfg.name}: {count_parameters(cfg)['total']:,} parameters; "
             f"data: {dataset.description}")
-        runs = json.loads(args.runs) if args.runs else [{}]
-        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-            raise ValueError(f"--runs must be a JSON list of dicts, got {args.runs!r}")
-        for i, overrides in enumerate(runs):
-            overrides = dict(overrides)
-            name = str(overrides.pop("name", f"run{i}"))
-            unknown = sorted(set(overrides) - set(vars(args)))
-            if unknown:
-                raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
-                                 f"use {', '.join(sorted(vars(args)))}")
-            run(argparse.Namespace(**{**vars(args), **overrides}), ctx, device, dataset, name)
+        for name, run_args in expand_runs(args, args.runs):  # several configurations, one launch
+            run(run_args, ctx, device, dataset, name)
     finally:
         teardown()
 
