@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import torch
 import dlo  # noqa: F401  (before torchvision: prepares its import)
 from dlo import hpo
 from dlo.paths import ROOT
+from test_slurm import sbatch_options  # the #SBATCH header as sbatch reads it
 
 optuna = pytest.importorskip("optuna")
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -399,19 +399,6 @@ def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # slurm/ray_tune.sbatch
 # --------------------------------------------------------------------------------------------------
-
-def sbatch_options(script: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in script.splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            break
-        m = re.match(r"^#SBATCH\s+(--[\w-]+)(?:=(\S*))?", line)
-        if m:
-            assert m[1] not in out, f"{m[1]} appears twice"
-            out[m[1]] = m[2] or ""
-    return out
-
 
 @pytest.mark.skipif(BASH is None, reason="bash not installed")
 def test_ray_tune_sbatch_is_valid_bash_with_head_and_worker_logic():
