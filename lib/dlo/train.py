@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -134,14 +134,67 @@ def prepare_model(model: nn.Module, device: torch.device, *, channels_last: bool
     return model
 
 
+TTA_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "identity": lambda x: x,
+    "hflip": lambda x: x.flip(-1),  # mirror left-right (the training augmentation's flip)
+}
+
+
+def _tta_views(tta: bool | Sequence[str | Callable] | None) -> list[Callable[[torch.Tensor], torch.Tensor]]:
+    """``True`` -> the image and its horizontal flip; a sequence of names of :data:`TTA_VIEWS` or callables
+    ``images -> images`` -> those views; ``False``/None -> no TTA (the image alone)."""
+    if tta is None or tta is False:
+        return [TTA_VIEWS["identity"]]
+    if tta is True:
+        return [TTA_VIEWS["identity"], TTA_VIEWS["hflip"]]
+    if isinstance(tta, (str, bytes)) or not isinstance(tta, Sequence) or len(tta) == 0:
+        raise ValueError(f"tta must be True, False or a non-empty list of views ({', '.join(TTA_VIEWS)} or "
+                         f"callables), got {tta!r}")
+    views = []
+    for v in tta:
+        if isinstance(v, str):
+            if v not in TTA_VIEWS:
+                raise ValueError(f"unknown TTA view {v!r}: use one of {', '.join(TTA_VIEWS)} or a callable")
+            views.append(TTA_VIEWS[v])
+        elif callable(v):
+            views.append(v)
+        else:
+            raise ValueError(f"a TTA view is a name ({', '.join(TTA_VIEWS)}) or a callable, got {v!r}")
+    return views
+
+
+def tta_probabilities(model: nn.Module, images: torch.Tensor, tta: bool | Sequence[str | Callable] = True,
+                      device: torch.device | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Test-time augmentation: the mean over the views of ``softmax(model(view(images)))`` (float32,
+    ``[B, num_classes]``). A flipped cat is still a cat: averaging the predictions over views the model was
+    trained on smooths out its view-dependent mistakes, at the price of one forward pass per view."""
+    device = images.device if device is None else device
+    probs = None
+    views = _tta_views(tta)
+    for view in views:
+        with autocast_context(device, dtype):
+            logits = model(view(images))
+        p = torch.softmax(logits.float(), dim=1)
+        probs = p if probs is None else probs + p
+    return probs / len(views)
+
+
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype | None = None,
-             channels_last: bool = False, max_batches: int | None = None) -> dict[str, float]:
+             channels_last: bool = False, max_batches: int | None = None,
+             tta: bool | Sequence[str | Callable] = False) -> dict[str, float]:
     """Mean loss and accuracy over ``loader``. Runs in eval mode (BatchNorm uses its running statistics,
     dropout is off) and under ``inference_mode`` (no autograd graph: less memory, faster). Counts are
-    accumulated on the device and read once at the end (one synchronisation, not one per batch)."""
+    accumulated on the device and read once at the end (one synchronisation, not one per batch).
+
+    ``tta=True``: test-time augmentation over the image and its horizontal flip (or the views listed, see
+    :func:`tta_probabilities`): the prediction is the mean of the views' softmax probabilities and the loss
+    is the negative log of that mean's probability for the true class."""
     was_training = model.training
     model.eval()
+    use_tta = tta is not False and tta is not None
+    if use_tta:
+        _tta_views(tta)  # bad views fail here, in one line, before the first batch
     total_loss = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.int64)
     seen = 0
@@ -151,15 +204,109 @@ def evaluate(model: nn.Module, loader, device: torch.device, dtype: torch.dtype 
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with autocast_context(device, dtype):
-            logits = model(images)
-        total_loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
-        correct += (logits.argmax(dim=1) == labels).sum()
+        if use_tta:
+            probs = tta_probabilities(model, images, tta, device, dtype)
+            total_loss += nn.functional.nll_loss(probs.clamp_min(1e-12).log(), labels, reduction="sum").double()
+            correct += (probs.argmax(dim=1) == labels).sum()
+        else:
+            with autocast_context(device, dtype):
+                logits = model(images)
+            total_loss += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double()
+            correct += (logits.argmax(dim=1) == labels).sum()
         seen += labels.numel()
     model.train(was_training)
     if seen == 0:
         raise ValueError("evaluate() got an empty loader")
     return {"loss": total_loss.item() / seen, "accuracy": correct.item() / seen, "samples": seen}
+
+
+# --------------------------------------------------------------------------------------------------
+# Recipes: progressive resizing, dynamic batch size, EMA of the weights, soft-label loss
+# --------------------------------------------------------------------------------------------------
+
+def check_schedule(schedule: Any, name: str) -> list[tuple[int, int]]:
+    """``[(epoch, value), ...]`` with integer epochs starting at 0 and strictly increasing, positive integer
+    values; returned as a list of tuples (JSON gives lists of lists)."""
+    example = "[(0, 16), (2, 24), (4, 32)]" if name == "resize_schedule" else "[(0, 64), (3, 128)]"
+    try:
+        pairs = [(e, v) for e, v in schedule]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of (epoch, value) pairs like {example}, got {schedule!r}") from None
+    if not pairs:
+        raise ValueError(f"{name} is empty: give (epoch, value) pairs like {example}, or None to turn it off")
+    for e, v in pairs:
+        for x in (e, v):
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise ValueError(f"{name}: epochs and values must be integers, got {(e, v)!r} in {schedule!r}")
+        if v < 1:
+            raise ValueError(f"{name}: values must be positive, got {(e, v)!r}")
+    if pairs[0][0] != 0:
+        raise ValueError(f"{name} must start at epoch 0 (what does epoch 0 use otherwise?), got {schedule!r}")
+    if any(b[0] <= a[0] for a, b in zip(pairs, pairs[1:])):
+        raise ValueError(f"{name}: epochs must be strictly increasing, got {schedule!r}")
+    return pairs
+
+
+def _value_at(schedule: Any, epoch: int, name: str) -> int:
+    pairs = check_schedule(schedule, name)
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r}")
+    value = pairs[0][1]
+    for start, v in pairs:
+        if start <= epoch:
+            value = v
+    return value
+
+
+def resolution_at(schedule: Any, epoch: int) -> int:
+    """Progressive resizing: the image side used at ``epoch``: the value of the last ``(start, size)`` pair
+    with ``start <= epoch``. ``resolution_at([(0, 16), (2, 24), (4, 32)], 3) == 24``."""
+    return _value_at(schedule, epoch, "resize_schedule")
+
+
+def batch_size_at(schedule: Any, epoch: int) -> int:
+    """Dynamic batch size: the batch size used at ``epoch`` (last ``(start, batch)`` with ``start <= epoch``)."""
+    return _value_at(schedule, epoch, "batch_schedule")
+
+
+def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize a batch ``[B, C, H, W]`` on its device to ``size x size`` (bilinear, antialiased when shrinking);
+    unchanged when it already has that size. Done on the batch, after the DataLoader: the loader and its
+    augmentation stay the same, only the tensor the model sees shrinks."""
+    if images.shape[-2:] == (size, size):
+        return images
+    shrink = size < images.shape[-1] or size < images.shape[-2]
+    fmt = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) and images.shape[1] > 1 \
+        else torch.contiguous_format
+    out = nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=shrink)
+    return out.contiguous(memory_format=fmt)
+
+
+def make_ema(model: nn.Module, decay: float) -> torch.optim.swa_utils.AveragedModel:
+    """An exponential moving average of ``model``'s weights AND BatchNorm buffers (``use_buffers=True``):
+    ``ema = decay * ema + (1 - decay) * weights`` after each optimizer step (the first update copies).
+    ``1 / (1 - decay)`` is roughly how many recent steps it averages over: keep it well below the run's steps."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay < 1.0:
+        raise ValueError(f"ema_decay must be a number in (0, 1), e.g. 0.99 (about the last 100 steps), got {decay!r}")
+    return AveragedModel(_unwrap(model), multi_avg_fn=get_ema_multi_avg_fn(float(decay)), use_buffers=True)
+
+
+def soft_target_criterion(label_smoothing: float = 0.0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Cross-entropy that takes integer labels ``[B]`` or soft targets ``[B, K]`` (MixUp/CutMix): the latter
+    go through :func:`dlo.augment.soft_cross_entropy`, after label smoothing
+    (``t * (1 - eps) + eps / K``) when ``label_smoothing > 0``."""
+    from .augment import soft_cross_entropy
+
+    def criterion(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if targets.ndim == 1 and not targets.dtype.is_floating_point:
+            return nn.functional.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+        if label_smoothing:
+            targets = targets * (1 - label_smoothing) + label_smoothing / logits.shape[-1]
+        return soft_cross_entropy(logits, targets)
+
+    return criterion
 
 
 # --------------------------------------------------------------------------------------------------
@@ -373,6 +520,15 @@ class TrainConfig:
     ckpt_every: int | None = None  # steps between periodic checkpoints (None: only on signal / at the end)
     resume: bool = False
     progress: bool = True
+    # Recipes (fast.ai / DAWNBench lineage); all off by default
+    resize_schedule: list[tuple[int, int]] | None = None  # progressive resizing: [(epoch, side), ...] from epoch 0
+    batch_schedule: list[tuple[int, int]] | None = None  # dynamic batch size: [(epoch, batch), ...] from epoch 0
+    scale_lr_with_batch: bool = False  # with batch_schedule: lr x batch / first batch (linear scaling rule)
+    ema_decay: float | None = None  # EMA of the weights (AveragedModel), evaluated instead of the raw model
+    tta: bool = False  # evaluate on the image and its horizontal flip (mean of the softmax)
+    # Experiment tracking: TensorBoard + MLflow file store under this folder (None: off)
+    tracking_dir: str | None = None
+    run_name: str | None = None  # the run's name in the tracking stores (default: run-<date-time>)
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -387,6 +543,18 @@ class TrainConfig:
         if self.early_stopping is not None and (isinstance(self.early_stopping, bool)
                                                 or not isinstance(self.early_stopping, int) or self.early_stopping < 1):
             raise ValueError(f"early_stopping is a patience in epochs (a positive integer) or None, got {self.early_stopping!r}")
+        if self.resize_schedule is not None:
+            self.resize_schedule = check_schedule(self.resize_schedule, "resize_schedule")
+        if self.batch_schedule is not None:
+            self.batch_schedule = check_schedule(self.batch_schedule, "batch_schedule")
+        elif self.scale_lr_with_batch:
+            raise ValueError("scale_lr_with_batch=True scales the lr with batch_schedule: set batch_schedule too")
+        if self.ema_decay is not None and (isinstance(self.ema_decay, bool) or not 0.0 < self.ema_decay < 1.0):
+            raise ValueError(f"ema_decay must be in (0, 1) (e.g. 0.99) or None, got {self.ema_decay!r}")
+        if not isinstance(self.tta, bool):
+            raise ValueError(f"tta must be True or False (more views: call evaluate(..., tta=[...])), got {self.tta!r}")
+        if self.tracking_dir is not None and str(self.tracking_dir) == "":
+            raise ValueError("tracking_dir is empty: give a folder (e.g. runs/<name>/tracking) or None")
 
 
 @dataclass
@@ -396,6 +564,8 @@ class TrainResult:
     stopped_by: str | None = None  # the signal's name when the run was interrupted
     checkpoint: str | None = None
     model: nn.Module | None = None  # the trained model (compiled/channels_last as configured)
+    ema_model: nn.Module | None = None  # the AveragedModel when cfg.ema_decay is set (evaluate ema_model.module)
+    tracking_run_id: str | None = None  # the MLflow run id when cfg.tracking_dir is set
 
     @property
     def completed(self) -> bool:
@@ -425,8 +595,28 @@ class _IgnoreStopSignals:
             self.init(worker_id)
 
 
-def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch: int, skip: int) -> Iterator:
-    loader = make_loader(epoch_generator(seed, epoch))
+def _build_loader(make_loader: Callable, seed: int, epoch: int, batch_size: int | None):
+    if batch_size is None:
+        return make_loader(epoch_generator(seed, epoch))
+    return make_loader(epoch_generator(seed, epoch), batch_size=batch_size)
+
+
+def _check_loader_takes_batch_size(make_loader: Callable) -> None:
+    import inspect
+
+    try:
+        params = inspect.signature(make_loader).parameters
+    except (TypeError, ValueError):  # builtins / C callables: trust the caller
+        return
+    if "batch_size" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    raise ValueError("batch_schedule rebuilds the loader each epoch with its batch size: define "
+                     "make_loader(generator, batch_size=None) (None: your default batch size)")
+
+
+def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch: int, skip: int,
+                batch_size: int | None = None) -> Iterator:
+    loader = _build_loader(make_loader, seed, epoch, batch_size)
     if getattr(loader, "num_workers", 0) > 0 and not isinstance(loader.worker_init_fn, _IgnoreStopSignals):
         loader.worker_init_fn = _IgnoreStopSignals(loader.worker_init_fn)
     it = iter(loader)
@@ -437,7 +627,9 @@ def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch:
 
 def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: TrainConfig,
           device: torch.device | str = "cpu", val_loader=None,
-          on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, float], None] | None = None,
+          batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+          track_params: dict[str, Any] | None = None) -> TrainResult:
     """Train ``model`` on batches from ``make_loader(generator)`` with ``cfg``'s optimizer and schedule
     (default: SGD with Nesterov momentum and a one-cycle schedule; weight decay only on weights, not on
     biases and BatchNorm parameters, see :func:`dlo.optim.param_groups`).
@@ -446,11 +638,34 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     With ``cfg.ckpt_path``: a checkpoint is written every ``ckpt_every`` steps, at the end, and when a
     SIGTERM/SIGUSR1 arrives (the run then returns early with ``stopped_by`` set); ``cfg.resume``
     continues from it exactly (same batches, same random numbers).
+
+    Recipes (all off by default):
+
+    - ``cfg.resize_schedule``: each batch is resized on the device to :func:`resolution_at` of the epoch;
+    - ``cfg.batch_schedule``: each epoch's loader is built by ``make_loader(generator, batch_size=b)`` with
+      ``b =`` :func:`batch_size_at` of the epoch (the LR schedule spans the sum of the epochs' steps);
+      ``cfg.scale_lr_with_batch`` multiplies the scheduled lr by ``b / first batch``;
+    - ``cfg.ema_decay``: an EMA of the weights (:func:`make_ema`) updated after every optimizer step, and
+      evaluated instead of the raw model (``result.ema_model``);
+    - ``cfg.tta``: validation with test-time augmentation (:func:`evaluate` ``tta=True``);
+    - ``batch_transform(images, labels) -> (images, targets)``: applied to each batch on the device, after
+      the resize (e.g. :class:`dlo.augment.MixCutMix`); soft targets ``[B, K]`` are trained with
+      :func:`dlo.augment.soft_cross_entropy` (see :func:`soft_target_criterion`).
+
+    ``cfg.tracking_dir``: the run's hyper-parameters (``cfg`` plus ``track_params``) and metrics go to
+    TensorBoard and a local MLflow store there (:mod:`dlo.tracking`; main process only).
     """
     from tqdm.auto import tqdm
 
     device = torch.device(device)
     dtype = amp_dtype(cfg.amp)
+    if batch_transform is not None and not callable(batch_transform):
+        raise ValueError(f"batch_transform must be a callable (images, labels) -> (images, targets), got {batch_transform!r}")
+    tracker = None
+    if cfg.tracking_dir is not None and _is_main_process():
+        from .tracking import check_writable
+
+        check_writable(cfg.tracking_dir)  # fail before any work, not after the run
     torch.manual_seed(cfg.seed)
     model = prepare_model(model, device, channels_last=cfg.channels_last, cudnn_benchmark=cfg.cudnn_benchmark,
                           compile=cfg.compile)
@@ -458,16 +673,35 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
 
     if cfg.early_stopping is not None and (val_loader is None or not cfg.eval_every_epoch):
         raise ValueError("early_stopping watches the validation accuracy: pass val_loader= and keep eval_every_epoch=True")
+    if cfg.batch_schedule is not None:
+        _check_loader_takes_batch_size(make_loader)
     optimizer = make_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                                **({"betas": tuple(cfg.betas)} if cfg.betas is not None else {}))
-    steps_per_epoch = len(make_loader(epoch_generator(cfg.seed, 0)))
-    total = cfg.steps if cfg.steps is not None else cfg.epochs * steps_per_epoch
+
+    def batch_at(epoch: int) -> int | None:
+        return None if cfg.batch_schedule is None else batch_size_at(cfg.batch_schedule, epoch)
+
+    if cfg.batch_schedule is None:
+        steps_per_epoch = len(make_loader(epoch_generator(cfg.seed, 0)))
+        epoch_steps = [steps_per_epoch] * cfg.epochs
+    else:  # the batch changes: so does the number of steps per epoch, and the LR schedule must span their sum
+        epoch_steps = [len(_build_loader(make_loader, cfg.seed, e, batch_at(e))) for e in range(cfg.epochs)]
+    if cfg.steps is None and 0 in epoch_steps:
+        raise ValueError(f"an epoch has no batch (steps per epoch: {epoch_steps}): use a smaller batch size or "
+                         "drop_last=False")
+    total = cfg.steps if cfg.steps is not None else sum(epoch_steps)
     scheduler = make_scheduler(cfg.schedule, optimizer, total, warmup_steps=cfg.warmup_steps,
                                **({"pct_start": 0.25} if cfg.schedule == "onecycle" else {}))
     scaler = make_grad_scaler(device, dtype)
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    if batch_transform is None:
+        criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+    else:
+        criterion = soft_target_criterion(cfg.label_smoothing)
     step_fn = make_train_step(model, optimizer, criterion, device, dtype, scaler, cfg.clip_grad_norm, cfg.accum_steps)
     early = EarlyStopping(patience=cfg.early_stopping, mode="max") if cfg.early_stopping is not None else None
+    ema = make_ema(model, cfg.ema_decay) if cfg.ema_decay is not None else None
+    eval_model = ema.module if ema is not None else model
+    first_batch = batch_at(0)
 
     result = TrainResult()
     step, epoch, skip = 0, 0, 0
@@ -478,75 +712,133 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
         if saved_total != total:
             raise ValueError(f"the checkpoint {cfg.ckpt_path} belongs to a run of {saved_total} steps, this one has "
                              f"{total}: resume with the same --steps/--epochs (the LR schedule depends on it)")
+        if ema is not None:
+            if state["extra"].get("ema") is None:
+                raise ValueError(f"the checkpoint {cfg.ckpt_path} has no EMA weights: resume with the ema_decay "
+                                 "of the run that wrote it")
+            ema.load_state_dict(state["extra"]["ema"])
         step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]
         result.records.append({"event": "resumed", "step": step, "epoch": epoch})
     else:
         state = None
 
+    if cfg.tracking_dir is not None and _is_main_process():
+        from .tracking import Tracker
+
+        params = {k: v for k, v in asdict(cfg).items() if k not in ("tracking_dir", "run_name", "progress")}
+        params.update(total_steps=total, device=str(device),
+                      batch_transform=repr(batch_transform) if batch_transform is not None else None)
+        params.update(track_params or {})
+        tracker = Tracker(cfg.tracking_dir, params, run_name=cfg.run_name)
+        result.tracking_run_id = tracker.run_id
+
     bar = tqdm(total=total, initial=step, desc="train", disable=not cfg.progress, leave=False)
     model.train()
-    with StopSignal() as stop:
-        while step < total:
-            it, n_batches = _iter_epoch(make_loader, cfg.seed, epoch, skip)
-            if state is not None:  # restore the random state only after replaying the skipped batches
-                set_rng_state(state["rng"])
-                state = None
-            b = skip
-            t_epoch = time.perf_counter()
-            for images, labels in it:
-                images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-                if cfg.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
-                lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
-                loss = step_fn(images, labels)
-                scheduler.step()
-                step, b = step + 1, b + 1
-                bar.update(1)
-                if step % cfg.log_every == 0 or step == total:
-                    loss_value = loss.item()  # one synchronisation every log_every steps, not every step
-                    result.records.append({"event": "train", "step": step, "epoch": epoch, "loss": loss_value,
-                                           "lr": lr})
-                    bar.set_postfix(loss=f"{loss_value:.3f}")
-                    if on_step is not None:
-                        on_step(step, loss_value)
-                if cfg.ckpt_path and (stop or step == total or (cfg.ckpt_every and step % cfg.ckpt_every == 0)):
-                    done_epoch = b == n_batches
-                    save_checkpoint(cfg.ckpt_path, model=model, optimizer=optimizer, scheduler=scheduler,
-                                    scaler=scaler, step=step, epoch=epoch + done_epoch,
-                                    batch_in_epoch=0 if done_epoch else b, total_steps=total)
-                    result.checkpoint = cfg.ckpt_path
-                if stop:
-                    result.stopped_by = stop.received
-                    result.records.append({"event": "stopped", "signal": stop.received, "step": step})
+    t_start = time.perf_counter()
+    status = "FAILED"
+    try:
+        with StopSignal() as stop:
+            while step < total:
+                batch_size = batch_at(epoch)
+                it, n_batches = _iter_epoch(make_loader, cfg.seed, epoch, skip, batch_size)
+                side = resolution_at(cfg.resize_schedule, epoch) if cfg.resize_schedule is not None else None
+                lr_factor = batch_size / first_batch if cfg.scale_lr_with_batch else 1.0
+                if state is not None:  # restore the random state only after replaying the skipped batches
+                    set_rng_state(state["rng"])
+                    state = None
+                b = skip
+                t_epoch = time.perf_counter()
+                for images, labels in it:
+                    images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                    if side is not None:
+                        images = resize_batch(images, side)
+                    if batch_transform is not None:
+                        images, labels = batch_transform(images, labels)
+                    if cfg.channels_last:
+                        images = images.contiguous(memory_format=torch.channels_last)
+                    if lr_factor != 1.0:  # the scheduler keeps its own values: scale for this step only
+                        scheduled = [g["lr"] for g in optimizer.param_groups]
+                        for g in optimizer.param_groups:
+                            g["lr"] = g["lr"] * lr_factor
+                    lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
+                    loss = step_fn(images, labels)
+                    if lr_factor != 1.0:
+                        for g, v in zip(optimizer.param_groups, scheduled):
+                            g["lr"] = v
+                    if ema is not None:
+                        ema.update_parameters(_unwrap(model))
+                    scheduler.step()
+                    step, b = step + 1, b + 1
+                    bar.update(1)
+                    if step % cfg.log_every == 0 or step == total:
+                        loss_value = loss.item()  # one synchronisation every log_every steps, not every step
+                        result.records.append({"event": "train", "step": step, "epoch": epoch, "loss": loss_value,
+                                               "lr": lr})
+                        bar.set_postfix(loss=f"{loss_value:.3f}")
+                        if tracker is not None:
+                            tracker.log({"train/loss": loss_value, "train/lr": lr}, step)
+                        if on_step is not None:
+                            on_step(step, loss_value)
+                    if cfg.ckpt_path and (stop or step == total or (cfg.ckpt_every and step % cfg.ckpt_every == 0)):
+                        done_epoch = b == n_batches
+                        save_checkpoint(cfg.ckpt_path, model=model, optimizer=optimizer, scheduler=scheduler,
+                                        scaler=scaler, step=step, epoch=epoch + done_epoch,
+                                        batch_in_epoch=0 if done_epoch else b, total_steps=total,
+                                        **({"ema": ema.state_dict()} if ema is not None else {}))
+                        result.checkpoint = cfg.ckpt_path
+                    if stop:
+                        result.stopped_by = stop.received
+                        result.records.append({"event": "stopped", "signal": stop.received, "step": step})
+                        break
+                    if step >= total:
+                        break
+                if result.stopped_by:
                     break
-                if step >= total:
-                    break
-            if result.stopped_by:
-                break
-            if b == n_batches:
-                from .bench import synchronize
+                if b == n_batches:
+                    from .bench import synchronize
 
-                synchronize(device)  # the GPU may still be running the last steps: count them in the epoch
-                record = {"event": "epoch", "epoch": epoch, "step": step, "seconds": time.perf_counter() - t_epoch}
-                if val_loader is not None and cfg.eval_every_epoch:
-                    metrics = evaluate(model, val_loader, device, dtype, cfg.channels_last)
-                    record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"])
-                result.records.append(record)
-                if early is not None and early.step(metrics["accuracy"], model) and step < total:
-                    result.records.append({"event": "early_stop", "epoch": epoch, "step": step,
-                                           "best_epoch": early.best_index, "best_val_accuracy": early.best,
-                                           "patience": early.patience})
-                    break
-                epoch, skip = epoch + 1, 0
-            else:
-                skip = b
-    bar.close()
+                    synchronize(device)  # the GPU may still be running the last steps: count them in the epoch
+                    record = {"event": "epoch", "epoch": epoch, "step": step,
+                              "seconds": time.perf_counter() - t_epoch}
+                    if batch_size is not None:
+                        record["batch_size"] = batch_size
+                    if side is not None:
+                        record["resolution"] = side
+                    if val_loader is not None and cfg.eval_every_epoch:
+                        metrics = evaluate(eval_model, val_loader, device, dtype, cfg.channels_last,
+                                           **({"tta": True} if cfg.tta else {}))
+                        record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"])
+                    result.records.append(record)
+                    if tracker is not None:
+                        tracker.log({f"val/{k[4:]}" if k.startswith("val_") else f"epoch/{k}": v
+                                     for k, v in record.items() if k not in ("event", "epoch", "step")}
+                                    | {"time/train_s": time.perf_counter() - t_start}, epoch)
+                    if early is not None and early.step(metrics["accuracy"], eval_model) and step < total:
+                        result.records.append({"event": "early_stop", "epoch": epoch, "step": step,
+                                               "best_epoch": early.best_index, "best_val_accuracy": early.best,
+                                               "patience": early.patience})
+                        break
+                    epoch, skip = epoch + 1, 0
+                else:
+                    skip = b
+        status = "KILLED" if result.stopped_by else "FINISHED"
+    finally:
+        bar.close()
+        if tracker is not None:
+            tracker.close(status, {"time/train_s": time.perf_counter() - t_start, "train/steps": step})
     if early is not None and early.best_index is not None and not result.stopped_by:
-        early.restore_best(model)  # keep the best model seen, not the last one
+        early.restore_best(eval_model)  # keep the best model seen, not the last one
         result.records.append({"event": "restored_best", "epoch": early.best_index, "val_accuracy": early.best})
     result.step = step
     result.model = model
+    result.ema_model = ema
     return result
+
+
+def _is_main_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -577,7 +869,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--save-weights", default=None, help="write the final model state_dict to this file")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--no-progress", action="store_true")
+    r = p.add_argument_group("recipes (all off by default)")
+    r.add_argument("--resize-schedule", type=_schedule_arg, default=None, metavar="E:S,...",
+                   help="progressive resizing, e.g. 0:16,2:24,4:32 (from epoch E, images resized to SxS)")
+    r.add_argument("--batch-schedule", type=_schedule_arg, default=None, metavar="E:B,...",
+                   help="dynamic batch size, e.g. 0:64,3:128 (from epoch E, batches of B); overrides --batch-size")
+    r.add_argument("--scale-lr", action="store_true", help="with --batch-schedule: lr x batch / first batch")
+    r.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights with this decay (e.g. 0.99)")
+    r.add_argument("--label-smoothing", type=float, default=0.0)
+    r.add_argument("--mixcutmix", action="store_true", help="MixUp / CutMix on each batch (dlo.augment.MixCutMix)")
+    r.add_argument("--eval", action="store_true", help="evaluate on the test split after each epoch")
+    r.add_argument("--tta", action="store_true", help="with --eval: test-time augmentation (image + flip)")
+    t = p.add_argument_group("experiment tracking")
+    t.add_argument("--tracking-dir", default=None, help="log to TensorBoard + MLflow (file store) under this folder")
+    t.add_argument("--run-name", default=None, help="the run's name in the tracking stores")
     return p
+
+
+def _schedule_arg(text: str) -> list[tuple[int, int]]:
+    """'0:16,2:24' -> [(0, 16), (2, 24)] (argparse turns the ValueError into a one-line usage error)."""
+    try:
+        return [(int(e), int(v)) for e, v in (item.split(":") for item in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write EPOCH:VALUE pairs separated by commas, e.g. 0:16,2:24") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -599,23 +913,44 @@ def _main(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
     device = pick_device(args.device)
+    if args.tta and not args.eval:
+        raise ValueError("--tta changes the evaluation: add --eval")
     cfg = TrainConfig(epochs=args.epochs, steps=args.steps, lr=args.lr, amp=None if args.amp == "none" else args.amp,
                       channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark, compile=args.compile,
                       seed=args.seed, ckpt_path=args.ckpt, ckpt_every=args.ckpt_every, resume=args.resume,
-                      log_every=args.log_every, progress=not args.no_progress, eval_every_epoch=False)
-    train_set = data.cifar10("train", args.data_dir, data.train_transform(),
-                             generated=True if args.generated else None, n_train=args.n_train, seed=args.seed)
+                      log_every=args.log_every, progress=not args.no_progress, eval_every_epoch=args.eval,
+                      resize_schedule=args.resize_schedule, batch_schedule=args.batch_schedule,
+                      scale_lr_with_batch=args.scale_lr, ema_decay=args.ema_decay, tta=args.tta,
+                      label_smoothing=args.label_smoothing, tracking_dir=args.tracking_dir, run_name=args.run_name)
+    generated = True if args.generated else None
+    train_set = data.cifar10("train", args.data_dir, data.train_transform(), generated=generated,
+                             n_train=args.n_train, seed=args.seed)
+    val_loader = None
+    if args.eval:
+        test_set = data.cifar10("test", args.data_dir, data.test_transform(), generated=generated,
+                                n_train=args.n_train, seed=args.seed, verbose=False)
+        val_loader = data.make_loader(test_set, 512, shuffle=False, num_workers=args.workers,
+                                      pin_memory=device.type == "cuda")
+    batch_transform = None
+    if args.mixcutmix:
+        from dlo.augment import MixCutMix
+
+        batch_transform = MixCutMix(num_classes=10, generator=torch.Generator().manual_seed(args.seed))
     torch.manual_seed(args.seed)
     model = resnet18_cifar(width=args.width)
 
-    def make_loader(generator: torch.Generator):
-        return data.make_loader(train_set, args.batch_size, shuffle=True, num_workers=args.workers,
+    def make_loader(generator: torch.Generator, batch_size: int | None = None):
+        return data.make_loader(train_set, batch_size or args.batch_size, shuffle=True, num_workers=args.workers,
                                 drop_last=True, generator=generator, pin_memory=device.type == "cuda")
 
     def on_step(step: int, loss: float) -> None:
         print(f"step {step} loss {loss:.4f}", flush=True)
 
-    result = train(model, make_loader, cfg, device, on_step=on_step)
+    result = train(model, make_loader, cfg, device, val_loader=val_loader, on_step=on_step,
+                   batch_transform=batch_transform, track_params={"width": args.width, "dataset": train_set.source})
+    for r in result.records:
+        if r.get("event") == "epoch" and "val_accuracy" in r:
+            print(f"epoch {r['epoch']} val_accuracy {r['val_accuracy']:.4f}", flush=True)
     if result.stopped_by:
         print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint: {result.checkpoint} "
               f"(rerun with --resume to continue)", flush=True)
