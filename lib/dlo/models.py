@@ -65,3 +65,57 @@ class ConvBNReLU(nn.Sequential):
 
     def __init__(self, c_in: int, c_out: int, bias: bool = False) -> None:
         super().__init__(nn.Conv2d(c_in, c_out, 3, padding=1, bias=bias), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+
+
+def load_pretrained(model: nn.Module, path, *, ignore: tuple[str, ...] | list[str] = (),
+                    map_location: str | torch.device = "cpu") -> dict:
+    """Load pretrained weights from a **local file** into ``model`` (compute nodes have no internet, so
+    ``torchvision.models.resnet18(weights="DEFAULT")`` cannot download them there).
+
+    ``path``: a state-dict file as torchvision saves them (``~/.cache/torch/hub/checkpoints/resnet18-f37072fd.pth``
+    after a download on a login node), a ``torch.save(model.state_dict(), path)`` file, or a dlo checkpoint
+    (its ``"model"`` entry). Prefixes added by DDP (``module.``) or torch.compile (``_orig_mod.``) are removed.
+    ``ignore``: key prefixes to leave out, for layers you replace or that differ, e.g. ``("fc.",)`` for a new
+    head, ``("conv1.", "fc.")`` for ImageNet weights into :func:`resnet18_cifar` (its stem is 3x3, not 7x7).
+    Those layers keep their current (random) values.
+
+    Every other parameter and buffer must match by name and shape, else a ValueError lists what differs.
+    Returns ``{"loaded": [...keys], "ignored": [...keys]}``.
+    """
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"no weights file at {file}: compute nodes cannot download; fetch the weights on a "
+                                "login node (e.g. torchvision.models.resnet18(weights='DEFAULT') fills "
+                                "~/.cache/torch/hub/checkpoints/) and pass that file's path")
+    state = torch.load(file, map_location=map_location, weights_only=True)
+    for wrapper in ("model", "state_dict"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{file} does not hold a state dict (name -> tensor): save one with "
+                         "torch.save(model.state_dict(), path)")
+    clean = {}
+    for key, value in state.items():
+        for prefix in ("module.", "_orig_mod."):
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        clean[key] = value
+    ignore = tuple(ignore)
+    target = model.state_dict()
+    skipped = sorted(k for k in set(clean) | set(target) if ignore and k.startswith(ignore))
+    wanted = {k: v for k, v in clean.items() if not (ignore and k.startswith(ignore))}
+    expected = {k for k in target if not (ignore and k.startswith(ignore))}
+    missing = sorted(expected - set(wanted))
+    unexpected = sorted(set(wanted) - set(target))
+    mismatched = sorted(f"{k} {tuple(wanted[k].shape)} in the file vs {tuple(target[k].shape)} in the model"
+                        for k in expected & set(wanted) if wanted[k].shape != target[k].shape)
+    if missing or unexpected or mismatched:
+        parts = [f"{label} ({len(keys)}): {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}"
+                 for label, keys in (("missing in the file", missing), ("not in the model", unexpected),
+                                     ("shape differs", mismatched)) if keys]
+        raise ValueError(f"the weights in {file} do not match the model: {'; '.join(parts)}. Pass ignore=(...) "
+                         "with the prefixes of the layers you replace (e.g. ('fc.',) for a new head)")
+    model.load_state_dict(wanted, strict=False)
+    return {"loaded": sorted(wanted), "ignored": skipped}
