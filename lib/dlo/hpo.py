@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .paths import CACHE_DIR
+from .paths import CACHE_DIR, probe_writable
 
 # --------------------------------------------------------------------------------------------------
 # Toy functions
@@ -370,9 +370,7 @@ def journal_storage(path: str | os.PathLike):
     try:
         with open(path, "ab"):
             pass
-        probe = path.parent / f".{path.name}.probe-{uuid.uuid4().hex[:8]}"  # the lock is a file next to the journal
-        probe.touch()
-        probe.unlink()
+        probe_writable(path.parent, create=False)  # the lock is a file created next to the journal
     except OSError as exc:
         raise JournalPathError(f"journal file {path} is not writable ({exc.strerror or exc}): {hint}") from None
     backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))

@@ -51,3 +51,18 @@ def run_dir(name: str, base: str | os.PathLike | None = None) -> Path:
     path = Path(base) if base is not None else RUNS_DIR / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def probe_writable(folder: str | os.PathLike, *, create: bool = True) -> Path:
+    """Check that files can be created in ``folder`` (made first when ``create``) by writing and removing a
+    hidden probe file; raises the ``OSError`` that a real write would raise, so that a caller can turn it into
+    its own one-line error *before* minutes of work are spent."""
+    import uuid
+
+    folder = Path(folder)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".write-probe-{uuid.uuid4().hex[:8]}"
+    probe.touch()
+    probe.unlink()
+    return folder

@@ -25,6 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+from .paths import probe_writable
+
 EXPERIMENT = "dlo"
 
 
@@ -33,11 +35,8 @@ def check_writable(tracking_dir: str | os.PathLike) -> Path:
     if tracking_dir is None or str(tracking_dir) == "":
         raise ValueError("tracking_dir is empty: give a folder (e.g. runs/<name>/tracking) or None to turn tracking off")
     path = Path(tracking_dir).expanduser().resolve()
-    probe = path / f".write-test-{uuid.uuid4().hex}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_text("ok")
-        probe.unlink()
+        probe_writable(path)
     except OSError as exc:
         raise ValueError(f"tracking_dir {path} is not writable ({exc.strerror or exc}): pass a folder you can write "
                          f"to (e.g. runs/<name>/tracking) or tracking_dir=None to turn tracking off") from None
