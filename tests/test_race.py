@@ -1,0 +1,281 @@
+"""The CIFAR-10 race harness (dlo.race): stopping rule, what the clock counts, leaderboard, errors.
+
+Every race here runs on a few hundred generated images with a 2-channel-wide ResNet-9: the mechanics,
+not the accuracy, are under test.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import dlo  # noqa: F401  (torchvision shim)
+from dlo import race
+from dlo.models import resnet9
+from dlo.paths import ROOT
+
+DATA = dict(generated=True, n_train=256, n_test=100)
+TINY = race.Recipe(name="tiny", model="resnet9", width=2, batch_size=32, epochs=2, lr=0.2, data="preload",
+                   eval_batch_size=50)
+
+
+def run(recipe=TINY, target=0.01, **kw):
+    kw = {**DATA, "device": "cpu", "progress": False, "verbose": False, **kw}
+    return race.run_race(recipe, target, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- recipe
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model="vgg"), "unknown model 'vgg'"),
+    (dict(width=0), "width must be a positive integer"),
+    (dict(batch_size=2.5), "batch_size must be a positive integer"),
+    (dict(lr=0), "lr must be a number > 0"),
+    (dict(label_smoothing=1.0), r"label_smoothing must be a number in \[0.0, 1.0\)"),
+    (dict(optimizer="adam"), "unknown optimizer 'adam'"),
+    (dict(amp="fp8"), "unknown amp dtype"),
+    (dict(data="disk"), "unknown data mode 'disk'"),
+    (dict(data="preload", num_workers=2), "num_workers is a DataLoader setting"),
+    (dict(exclude_compile=True), "exclude_compile=True .* needs compile=True"),
+])
+def test_recipe_rejects_bad_values_in_one_line(changes, message):
+    with pytest.raises(ValueError, match=message) as info:
+        TINY.replace(**changes)
+    assert "\n" not in str(info.value)
+
+
+def test_recipe_round_trip_and_named_recipes():
+    assert race.Recipe.from_dict(TINY.to_dict()) == TINY
+    with pytest.raises(ValueError, match="unknown Recipe field"):
+        race.Recipe.from_dict({**TINY.to_dict(), "epoch": 3})
+    ref = race.reference_recipe()
+    assert (ref.model, ref.amp, ref.channels_last, ref.compile, ref.data) == ("resnet9", "bf16", True, True, "preload")
+    assert race.recipe_with("smoke", ["epochs=3", "amp=none"]).epochs == 3
+
+
+def test_resnet9_shapes():
+    model = resnet9(width=4)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with torch.device("meta"):  # count the full-width parameters without allocating them
+        full = resnet9(width=64)
+    assert sum(p.numel() for p in full.parameters()) == pytest.approx(6.57e6, rel=0.01)
+
+
+# ---------------------------------------------------------------------------------------------- target
+
+@pytest.mark.parametrize("bad", [0, -0.1, 1.01, 94, float("nan"), True, "0.94", None])
+def test_target_outside_0_1_is_refused(bad):
+    with pytest.raises(ValueError, match=r"target accuracy must be in \(0, 1\]"):
+        race.check_target(bad)
+
+
+def test_target_as_a_percentage_gets_a_hint():
+    with pytest.raises(ValueError, match="a fraction, not a percentage: 0.94 for 94 %"):
+        run(target=94)
+
+
+def test_time_to_target():
+    times, accs = [1.0, 2.0, 3.0, 4.0], [0.3, 0.6, 0.5, 0.9]
+    assert race.time_to_target(times, accs, 0.6) == 2.0  # reached exactly, and the first time counts
+    assert race.time_to_target(times, accs, 0.55) == 2.0  # not the best epoch's time, not interpolated
+    assert race.time_to_target(times, accs, 0.95) is None
+    assert race.time_to_target([], [], 0.5) is None
+    with pytest.raises(ValueError, match="same length"):
+        race.time_to_target([1.0], [0.1, 0.2], 0.5)
+
+
+# ---------------------------------------------------------------------------------------------- the race
+
+def test_race_stops_at_the_target_and_appends_to_the_leaderboard(tmp_path):
+    board = tmp_path / "runs" / "leaderboard.json"
+    rec = run(target=0.01, leaderboard=board)  # any model reaches 1 % after one epoch
+    assert rec["reached"] and rec["stopped_by"] == "target"
+    assert rec["epochs_run"] == rec["epochs_to_target"] == 1 and len(rec["curve"]) == 1
+    assert rec["time_to_target_s"] == rec["curve"][0]["time_s"] > 0
+    assert rec["data"] == "generated" and "NOT real CIFAR-10" in rec["source"]
+    assert rec["load_s"] + rec["train_s"] + rec["eval_s"] <= rec["total_s"] + 1e-6
+    assert rec["env"]["torch"] == torch.__version__
+    json.dumps(rec)  # JSON-able
+    assert [e["name"] for e in json.loads(board.read_text())] == ["tiny"]
+
+    rec = run(target=1.0, leaderboard=board)  # unreachable: runs the whole schedule
+    assert not rec["reached"] and rec["time_to_target_s"] is None and rec["stopped_by"] == "max_epochs"
+    assert rec["epochs_run"] == TINY.epochs
+    times = [p["time_s"] for p in rec["curve"]]
+    assert times == sorted(times)
+    assert len(json.loads(board.read_text())) == 2
+
+
+def test_max_epochs_and_time_budget(tmp_path):
+    rec = run(target=1.0, max_epochs=1)
+    assert rec["epochs_run"] == 1
+    rec = run(target=1.0, time_budget_s=1e-6)
+    assert rec["epochs_run"] == 1 and rec["stopped_by"] == "time_budget"
+    with pytest.raises(ValueError, match="max_epochs must be an integer in"):
+        run(max_epochs=TINY.epochs + 1)
+
+
+def test_the_clock_includes_data_loading(monkeypatch):
+    real = race.load_race_data
+
+    def slow_load(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(race, "load_race_data", slow_load)
+    rec = run(target=0.01)
+    assert rec["load_s"] >= 0.5 and rec["curve"][0]["time_s"] >= 0.5
+
+
+class _SlowFirstCall(nn.Module):
+    """A fake compiler: the first forward pays a one-off cost, as torch.compile's does."""
+
+    def __init__(self, model: nn.Module, delay: float) -> None:
+        super().__init__()
+        self.inner, self.delay, self.calls = model, delay, 0
+
+    def forward(self, x):
+        if self.calls == 0:
+            time.sleep(self.delay)
+        self.calls += 1
+        return self.inner(x)
+
+
+def test_compilation_is_excluded_only_when_the_recipe_says_so(monkeypatch):
+    delay = 1.0
+    monkeypatch.setattr(race, "compile_model", lambda model, recipe: _SlowFirstCall(model, delay))
+    counted = run(TINY.replace(compile=True), target=1.0, max_epochs=1)
+    excluded = run(TINY.replace(compile=True, exclude_compile=True), target=1.0, max_epochs=1)
+    assert counted["compile_s"] is None and not counted["compile_excluded"]
+    assert counted["curve"][0]["time_s"] >= delay  # the first call happened on the clock
+    assert excluded["compile_excluded"] and excluded["compile_s"] >= delay  # timed apart ...
+    assert excluded["curve"][0]["time_s"] < counted["curve"][0]["time_s"] - delay / 2  # ... and off the clock
+    # The warm-up ran real steps, then restored the weights and the optimizer: same training as without it.
+    assert excluded["curve"][0]["accuracy"] == counted["curve"][0]["accuracy"]
+    assert excluded["curve"][0]["loss"] == pytest.approx(counted["curve"][0]["loss"], rel=1e-5)
+
+    reached = run(TINY.replace(compile=True, exclude_compile=True), target=0.01)
+    assert reached["time_to_target_with_compile_s"] == pytest.approx(reached["time_to_target_s"] + reached["compile_s"])
+
+
+def test_loader_mode_runs_the_same_race():
+    rec = run(TINY.replace(data="loader", tta=True), target=1.0, max_epochs=1)
+    assert rec["steps_per_epoch"] == 256 // 32 and rec["n_test"] == 100 and 0 <= rec["best_accuracy"] <= 1
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+def test_random_crop_flip_takes_a_window_of_the_padded_image_and_maybe_mirrors_it():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 3, 8, 8)
+    assert torch.equal(race.random_crop_flip(x, 0, False, gen), x)
+    flipped = race.random_crop_flip(x, 0, True, gen)
+    kinds = [torch.equal(f, i) or torch.equal(f, i.flip(-1)) for f, i in zip(flipped, x)]
+    assert all(kinds) and any(not torch.equal(f, i) for f, i in zip(flipped, x))
+    p = 2
+    out = race.random_crop_flip(x, p, True, gen)
+    padded = torch.nn.functional.pad(x, (p, p, p, p), mode="reflect")
+    for o, pad in zip(out, padded):
+        windows = [pad[:, dy:dy + 8, dx:dx + 8] for dy in range(2 * p + 1) for dx in range(2 * p + 1)]
+        assert any(torch.equal(o, w) or torch.equal(o, w.flip(-1)) for w in windows)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert race.random_crop_flip(cl, p, True, gen).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_tta_averages_the_logits_of_the_image_and_its_mirror():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 10))
+    x, y = torch.randn(20, 3, 4, 4), torch.randint(0, 10, (20,))
+    got = race.evaluate_tta(model, [(x, y)], torch.device("cpu"), tta=True)
+    with torch.no_grad():
+        logits = (model(x) + model(x.flip(-1))) / 2
+    assert got["accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item())
+    assert got["loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
+    plain = race.evaluate_tta(model, [(x, y)], torch.device("cpu"), tta=False)
+    with torch.no_grad():
+        assert plain["loss"] == pytest.approx(nn.functional.cross_entropy(model(x), y).item(), rel=1e-6)
+
+
+def _entry(name, reached_at, best, target=0.5, data="generated"):
+    return {"name": name, "data": data, "target": target, "reached": reached_at is not None,
+            "time_to_target_s": reached_at, "epochs_to_target": 1 if reached_at else None, "best_accuracy": best,
+            "compile_excluded": False, "compile_s": None, "time_to_target_with_compile_s": reached_at,
+            "load_s": 0.1, "eval_s": 0.1, "device": "cpu", "env": {"gpu": None, "date": "2026"},
+            "curve": [{"epoch": 1, "time_s": reached_at or 9.0, "accuracy": best, "loss": 1.0, "train_loss": 1.0}]}
+
+
+def test_leaderboard_appends_and_sorts(tmp_path):
+    path = tmp_path / "leaderboard.json"
+    assert race.read_leaderboard(path) == [] and len(race.leaderboard(path)) == 0
+    for e in (_entry("slow", 5.0, 0.6), _entry("missed-close", None, 0.45), _entry("fast", 2.0, 0.55),
+              _entry("missed-far", None, 0.2), _entry("other target", 1.0, 0.95, target=0.94, data="real CIFAR-10")):
+        race.append_to_leaderboard(e, path)
+    assert len(race.read_leaderboard(path)) == 5
+    table = race.leaderboard(path, target=0.5)
+    assert list(table["name"]) == ["fast", "slow", "missed-close", "missed-far"]
+    assert list(table.index) == [1, 2, 3, 4]
+    assert list(race.leaderboard(path, data="real CIFAR-10")["name"]) == ["other target"]
+    fig = race.plot_race(race.read_leaderboard(path), target=0.5, path=tmp_path / "race.png")
+    assert (tmp_path / "race.png").stat().st_size > 0
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        race.read_leaderboard(path)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+def test_leaderboard_path_not_writable_fails_before_the_race(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(race, "load_race_data", lambda *a, **k: pytest.fail("the race started"))
+    with pytest.raises(PermissionError, match="leaderboard path .* is not writable") as info:
+        run(leaderboard=blocker / "leaderboard.json")
+    assert "\n" not in str(info.value)
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        run(leaderboard=tmp_path)
+
+
+def test_race_without_a_data_set(tmp_path, monkeypatch):
+    from dlo import paths
+
+    monkeypatch.delenv("DLO_DATA_DIR", raising=False)
+    monkeypatch.delenv("DSDIR", raising=False)
+    monkeypatch.setattr(paths, "ROOT", tmp_path)  # no <project>/data either
+    monkeypatch.setattr(race, "compile_model", lambda *a: pytest.fail("compiled before looking for the data"))
+    with pytest.raises(FileNotFoundError, match="the race needs a data set .* allow generated data explicitly"):
+        run(TINY.replace(compile=True, exclude_compile=True), generated=False)
+    with pytest.raises(FileNotFoundError, match="the race needs a data set: data_dir .* does not exist"):
+        run(generated=False, data_dir=tmp_path / "nowhere")
+    rec = run(generated=None)  # generated data allowed as a fallback: used, and the record says so
+    assert rec["data"] == "generated"
+
+
+def test_command_line(tmp_path, capsys):
+    out = tmp_path / "race.json"
+    args = ["--recipe", "smoke", "--generated", "--n-train", "256", "--n-test", "100", "--set", "width=2",
+            "--set", "epochs=1", "--device", "cpu", "--no-progress"]
+    res = subprocess.run([sys.executable, "-m", "dlo.race", *args, "--target", "0.01", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    saved = json.loads(out.read_text())
+    assert saved["reached"] == 1 and saved["records"][0]["data"] == "generated" and "torch" in saved["env"]
+    assert math.isfinite(saved["median_time_to_target_s"])
+    assert race.main([*args, "--target", "94"]) == 2  # the same entry point, in-process (no second start-up)
+    err = capsys.readouterr().err
+    assert err.startswith("error: target accuracy must be in (0, 1]") and len(err.strip().splitlines()) == 1
+    assert race.main([*args, "--set", "widht=2"]) == 2
+    assert "unknown Recipe field(s) widht" in capsys.readouterr().err
+
+
+def test_gpu_only_options_are_refused_on_a_cpu():
+    with pytest.raises(ValueError, match="cudnn_benchmark=True needs a CUDA GPU"):
+        run(TINY.replace(cudnn_benchmark=True))
