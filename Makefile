@@ -44,7 +44,7 @@ run: $(STAMP)
 # Unit + distributed tests, then every course notebook executed (smoke profile) by nbval.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
-	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo -p no:cacheprovider \
+	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo -p no:cacheprovider -p dlo._pytest_nbval \
 	    $$($(PY) -c "from dlo.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -185,3 +185,17 @@ def test_plain_engine_works_without_ipython(tmp_path):
     assert "**profile smoke**" in res.stdout
     assert "total 3 out_dir " + str(tmp_path) in res.stdout
     assert "a\n0  3" in res.stdout  # the Styler's DataFrame printed as text
+
+
+def test_nbval_plugin_gives_late_outputs_a_minute():
+    from dlo import _pytest_nbval
+
+    class IPyNbCell:  # stands for nbval's item class, matched by name
+        output_timeout = 5
+
+    class Other:
+        output_timeout = 5
+
+    items = [IPyNbCell(), Other()]
+    _pytest_nbval.pytest_collection_modifyitems(items)
+    assert (items[0].output_timeout, items[1].output_timeout) == (60, 5)
