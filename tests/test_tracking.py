@@ -123,6 +123,20 @@ def test_runs_table_without_a_store(tmp_path):
 
 def test_tracking_off_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DLO_TRACKING_DIR", raising=False)
     model, make, _ = _setup()
     result = tr.train(model, make, tr.TrainConfig(steps=2, progress=False))
     assert result.tracking_run_id is None and list(tmp_path.iterdir()) == []
+
+
+def test_dlo_tracking_dir_turns_tracking_on_for_every_run(tmp_path, monkeypatch):
+    """A batch job exports DLO_TRACKING_DIR once; every train() call without its own tracking_dir logs there."""
+    monkeypatch.setenv("DLO_TRACKING_DIR", str(tmp_path / "env-trk"))
+    model, make, _ = _setup()
+    result = tr.train(model, make, tr.TrainConfig(steps=2, progress=False, run_name="from-env"))
+    assert result.tracking_run_id
+    assert list(tracking.runs_table(tmp_path / "env-trk")["run_name"]) == ["from-env"]
+    model, make, _ = _setup()  # an explicit tracking_dir still wins
+    tr.train(model, make, tr.TrainConfig(steps=2, progress=False, tracking_dir=str(tmp_path / "own"), run_name="own"))
+    assert list(tracking.runs_table(tmp_path / "own")["run_name"]) == ["own"]
+    assert len(tracking.runs_table(tmp_path / "env-trk")) == 1

@@ -526,7 +526,7 @@ class TrainConfig:
     scale_lr_with_batch: bool = False  # with batch_schedule: lr x batch / first batch (linear scaling rule)
     ema_decay: float | None = None  # EMA of the weights (AveragedModel), evaluated instead of the raw model
     tta: bool = False  # evaluate on the image and its horizontal flip (mean of the softmax)
-    # Experiment tracking: TensorBoard + MLflow file store under this folder (None: off)
+    # Experiment tracking: TensorBoard + MLflow file store under this folder (None: $DLO_TRACKING_DIR if set, else off)
     tracking_dir: str | None = None
     run_name: str | None = None  # the run's name in the tracking stores (default: run-<date-time>)
 
@@ -652,8 +652,10 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
       the resize (e.g. :class:`dlo.augment.MixCutMix`); soft targets ``[B, K]`` are trained with
       :func:`dlo.augment.soft_cross_entropy` (see :func:`soft_target_criterion`).
 
-    ``cfg.tracking_dir``: the run's hyper-parameters (``cfg`` plus ``track_params``) and metrics go to
-    TensorBoard and a local MLflow store there (:mod:`dlo.tracking`; main process only).
+    ``cfg.tracking_dir`` (or, when it is None, the environment variable ``DLO_TRACKING_DIR``: export it in
+    a batch job and every run of every notebook is logged): the run's hyper-parameters (``cfg`` plus
+    ``track_params``) and metrics go to TensorBoard and a local MLflow store there (:mod:`dlo.tracking`;
+    main process only).
     """
     from tqdm.auto import tqdm
 
@@ -662,10 +664,11 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     if batch_transform is not None and not callable(batch_transform):
         raise ValueError(f"batch_transform must be a callable (images, labels) -> (images, targets), got {batch_transform!r}")
     tracker = None
-    if cfg.tracking_dir is not None and _is_main_process():
+    tracking_dir = cfg.tracking_dir if cfg.tracking_dir is not None else (os.environ.get("DLO_TRACKING_DIR") or None)
+    if tracking_dir is not None and _is_main_process():
         from .tracking import check_writable
 
-        check_writable(cfg.tracking_dir)  # fail before any work, not after the run
+        check_writable(tracking_dir)  # fail before any work, not after the run
     torch.manual_seed(cfg.seed)
     model = prepare_model(model, device, channels_last=cfg.channels_last, cudnn_benchmark=cfg.cudnn_benchmark,
                           compile=cfg.compile)
@@ -722,14 +725,14 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     else:
         state = None
 
-    if cfg.tracking_dir is not None and _is_main_process():
+    if tracking_dir is not None and _is_main_process():
         from .tracking import Tracker
 
         params = {k: v for k, v in asdict(cfg).items() if k not in ("tracking_dir", "run_name", "progress")}
         params.update(total_steps=total, device=str(device),
                       batch_transform=repr(batch_transform) if batch_transform is not None else None)
         params.update(track_params or {})
-        tracker = Tracker(cfg.tracking_dir, params, run_name=cfg.run_name)
+        tracker = Tracker(tracking_dir, params, run_name=cfg.run_name)
         result.tracking_run_id = tracker.run_id
 
     bar = tqdm(total=total, initial=step, desc="train", disable=not cfg.progress, leave=False)
