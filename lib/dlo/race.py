@@ -36,7 +36,6 @@ says so; its accuracies are not CIFAR-10 accuracies, so its race has its own tar
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import json
@@ -57,7 +56,7 @@ from .bench import environment_info, save_json, synchronize
 from .paths import probe_writable
 from .optim import OPTIMIZERS, SCHEDULES, make_optimizer, make_scheduler
 from .models import resnet9, resnet18_cifar
-from .train import amp_dtype, make_grad_scaler, make_train_step, prepare_model
+from .train import amp_dtype, autocast_context, make_grad_scaler, make_train_step, prepare_model
 
 REAL_TARGET = 0.94  # the classic race: 94 % test accuracy on real CIFAR-10
 # The smoke race: generated data (NOT CIFAR-10), a tiny network on a CPU. Its target is a level the smoke
@@ -445,7 +444,7 @@ def evaluate_tta(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.T
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        with _autocast(device, dtype):
+        with autocast_context(device, dtype):
             logits = model(images).float()
             if tta:
                 logits = (logits + model(images.flip(-1)).float()) / 2
@@ -461,10 +460,6 @@ def evaluate_tta(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.T
 # --------------------------------------------------------------------------------------------------
 # The race
 # --------------------------------------------------------------------------------------------------
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device_type=device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-
 
 def _build(recipe: Recipe, device: torch.device) -> nn.Module:
     torch.manual_seed(recipe.seed)

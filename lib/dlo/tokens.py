@@ -28,16 +28,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from .ddp import _positive_int as _positive
 from .ddp import per_rank_batch  # the world size must divide the global batch (one rule, one error message)
 
 __all__ = ["generated_stream", "load_texts", "tokenize_texts", "TokenSequences", "token_dataset", "per_rank_batch",
            "rank_loader"]
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def generated_stream(n_tokens: int, vocab_size: int, *, seed: int = 0) -> torch.Tensor:
