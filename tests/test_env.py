@@ -287,3 +287,21 @@ def test_expand_runs_overrides_names_and_rejects_unknown_options():
         expand_runs(args, '[{"name": "x", "lrr": 1}]')
     with pytest.raises(ValueError, match="--runs must be a JSON list of dicts"):
         expand_runs(args, '{"lr": 1}')
+
+
+def test_group_of_one_for_a_single_process(monkeypatch):
+    """FSDP2, DCP and DeepSpeed need a process group even alone: group_of_one makes one of size 1."""
+    import subprocess
+
+    code = ("import dlo, os, torch.distributed as dist\n"
+            "from dlo.env import init_distributed, teardown\n"
+            "ctx = init_distributed(group_of_one=True)\n"
+            "print(dist.is_initialized(), dist.get_world_size(), ctx.is_distributed, os.environ['LOCAL_RANK'])\n"
+            "teardown()\n"
+            "ctx = init_distributed()\n"
+            "print(dist.is_initialized())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID",
+                                                             "SLURM_PROCID", "SLURM_NTASKS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "1", "False", "0", "False"]

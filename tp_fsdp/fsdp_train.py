@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -308,21 +307,14 @@ def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict
     return {"resumed_losses": first + rest, "resumed_from": step, "resume_bit_exact": first + rest == straight}
 
 
-def one_process_group(device: torch.device) -> None:
-    """FSDP, DCP and DeepSpeed need a process group even alone (one GPU, or plain ``python``): make one of 1."""
-    store = dist.FileStore(tempfile.mktemp(prefix="dlo-fsdp-store-"), 1)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
-    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed reads it (torchrun and srun set it)
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ctx = init_distributed()  # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU
+    # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU. FSDP, DCP and DeepSpeed need a process
+    # group even for one process (one GPU, or plain `python fsdp_train.py`): group_of_one makes it.
+    ctx = init_distributed(group_of_one=True)
     device = torch.device("cuda", ctx.local_rank) if pick_device().type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        one_process_group(device)
     say = print if ctx.is_main else (lambda *a, **k: None)
     try:
         cfg = ref.model_config(args.model)

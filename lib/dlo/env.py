@@ -389,7 +389,8 @@ def _cuda_index(ctx: DistContext, dev: torch.device) -> int:
     return ctx.local_rank
 
 
-def init_distributed(backend: str | None = None, device: str | None = None, timeout_s: float = 600) -> DistContext:
+def init_distributed(backend: str | None = None, device: str | None = None, timeout_s: float = 600,
+                     group_of_one: bool = False) -> DistContext:
     """Join the process group described by :func:`dist_context` and return that context.
 
     * ``backend`` defaults to ``"nccl"`` when the device (see :func:`pick_device`) is a GPU, ``"gloo"``
@@ -400,7 +401,10 @@ def init_distributed(backend: str | None = None, device: str | None = None, time
       ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` so that ``init_method="env://"`` (and any library reading
       them) sees what torchrun would have set.
     * A single process (world size 1) creates no process group at all: the same script then runs
-      unchanged with plain ``python script.py``; guard collectives with ``ctx.is_distributed``.
+      unchanged with plain ``python script.py``; guard collectives with ``ctx.is_distributed``. With
+      ``group_of_one=True`` it creates a group of one process instead (on a free local port), for the
+      libraries that need a group even alone (FSDP2, torch.distributed.checkpoint, DeepSpeed, which also
+      reads ``LOCAL_RANK``: set to 0 unless already set); ``ctx.is_distributed`` stays False.
     * Calling it again once initialised just returns the context.
 
     ``timeout_s`` bounds how long collectives (and the initial rendezvous) wait for a missing peer.
@@ -429,6 +433,10 @@ def init_distributed(backend: str | None = None, device: str | None = None, time
         torch.cuda.set_device(index)
         device_id = torch.device("cuda", index)
     if not ctx.is_distributed:
+        if group_of_one:
+            os.environ.setdefault("LOCAL_RANK", "0")
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                    world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
         return ctx
 
     if ctx.source == "slurm":
