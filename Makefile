@@ -49,8 +49,8 @@ NBVAL_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 	OMP_WAIT_POLICY=PASSIVE DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo \
-	    -p no:cacheprovider -p dlo._pytest_nbval -n $(NBVAL_WORKERS) --dist loadfile \
-	    $$($(PY) -c "from dlo.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
+	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
+	    $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -m "not slow and not notebook" $(PYTEST_ARGS)

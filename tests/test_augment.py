@@ -1,4 +1,4 @@
-"""Tests of dlo.augment: MixUp / CutMix semantics, loop == batched, torchvision parity, loss and accuracy, benchmark."""
+"""Tests of dlo.data.augment: MixUp / CutMix semantics, loop == batched, torchvision parity, loss and accuracy, benchmark."""
 from __future__ import annotations
 
 import json
@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import augment as A
-from dlo.augment import MixCutMix, MixParams
-from dlo.paths import ROOT
+from dlo.data import augment as A
+from dlo.data.augment import MixCutMix, MixParams
+from dlo.runtime.paths import ROOT
+from dlo.lessons import mixing
 
 FAST = settings(max_examples=25, deadline=None, database=None)
 
@@ -406,18 +407,18 @@ def test_soft_accuracy_on_a_constructed_example():
 # --------------------------------------------------------------------------------------------------
 
 def test_benchmark_records():
-    records = A.benchmark(batch_size=4, image_size=8, device="cpu", repeats=2, warmup=0)
+    records = mixing.benchmark(batch_size=4, image_size=8, device="cpu", repeats=2, warmup=0)
     assert [(r["kind"], r["implementation"]) for r in records] == [
         ("mixup", "loop"), ("mixup", "batched"), ("cutmix", "loop"), ("cutmix", "batched")]
     for r in records:
         assert r["images_per_s"] > 0 and r["device"] == "cpu" and r["speedup"] > 0
         assert r["speedup"] == 1.0 or r["implementation"] == "batched"
-    assert "batched" in A.format_table(records)
+    assert "batched" in mixing.format_table(records)
 
 
 def test_command_line_writes_json(tmp_path):
     out = tmp_path / "aug.json"
-    cmd = [sys.executable, "-m", "dlo.augment", "--device", "cpu", "--batch-size", "8", "--repeats", "2",
+    cmd = [sys.executable, "-m", "dlo", "mix-bench", "--device", "cpu", "--batch-size", "8", "--repeats", "2",
            "--image-size", "8", "--out", str(out)]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -428,5 +429,5 @@ def test_command_line_writes_json(tmp_path):
 
 
 def test_command_line_errors_are_one_line(capsys):
-    assert A.main(["--device", "cpu", "--batch-size", "0"]) == 2
+    assert mixing.main(["--device", "cpu", "--batch-size", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --batch-size must be a positive integer")

@@ -1,4 +1,4 @@
-"""Tests of dlo.bench: warm-up excluded timing, measurements as JSON records, CPU peak memory, environment."""
+"""Tests of dlo.measure.bench: warm-up excluded timing, measurements as JSON records, CPU peak memory, environment."""
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import bench
+from dlo.measure import bench
 
 
 # --------------------------------------------------------------------------------------------------

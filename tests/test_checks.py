@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from dlo import checks
-from dlo.paths import ROOT
+from dlo.course import checks
+from dlo.runtime.paths import ROOT
 
 STEPS = [(course, step) for course, steps in checks.REGISTRY.items() for step in steps]
 
@@ -71,7 +71,7 @@ def test_missing_function_and_unknown_names():
 
 
 def _dlo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlo.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "dlo", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_check_student_fails_and_solution_passes():

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import data, paths
+from dlo import data
+from dlo.runtime import paths
+import dlo.data.generated
 
 import torchvision  # noqa: E402
 import torchvision.datasets.cifar as tv_cifar  # noqa: E402
@@ -206,7 +208,7 @@ def test_generated_dataset_states_its_source(capsys):
 
 def test_generated_dataset_is_reused(monkeypatch):
     data.cifar10(generated=True, n_train=N_TRAIN, n_test=N_TEST, verbose=False)
-    monkeypatch.setattr(data, "_write_generated", lambda *a, **k: pytest.fail("cache not reused"))
+    monkeypatch.setattr(dlo.data.generated, "_write_generated", lambda *a, **k: pytest.fail("cache not reused"))
     assert len(data.cifar10(generated=True, n_train=N_TRAIN, n_test=N_TEST, verbose=False)) == N_TRAIN
 
 

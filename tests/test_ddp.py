@@ -1,4 +1,4 @@
-"""dlo.ddp and DDP's promises, checked on real gloo processes (CPU) launched with dlo.env.launch.
+"""dlo.parallel.ddp and DDP's promises, checked on real gloo processes (CPU) launched with dlo.runtime.launch.
 
 Two launches (process start-up costs seconds on 2 cores), each running several cases; the tests below
 read their records. The single-process references are computed here, with the very models and
@@ -16,19 +16,11 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 import dlo  # noqa: F401  (must come before any torchvision import)
-from dlo.ddp import (
-    ConditionalHeadsNet,
-    StochasticDepthNet,
-    attach_comm_recorder,
-    check_batch_divisible,
-    ddp_wrap,
-    first_error_line,
-    per_rank_batch,
-    reduce_mean,
-    reduce_sum,
-    stochastic_depth,
-)
-from dlo.env import launch
+from dlo.models import ConditionalHeadsNet, StochasticDepthNet, stochastic_depth
+from dlo.parallel.ddp import attach_comm_recorder, ddp_wrap, reduce_mean, reduce_sum
+from dlo.runtime.validate import check_batch_divisible, per_rank_batch
+from dlo.runtime.errors import first_line
+from dlo.runtime import launch
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
@@ -300,6 +292,6 @@ def test_stochastic_depth_matches_torchvision_and_reaches_every_parameter():
     assert torch.equal(net(x), net(x))
 
 
-def test_first_error_line():
-    assert first_error_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
-    assert first_error_line(ValueError()) == "ValueError"
+def test_first_line():
+    assert first_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert first_line(ValueError()) == "ValueError"

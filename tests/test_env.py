@@ -1,4 +1,4 @@
-"""dlo.env without spawning processes: devices, distributed context, node lists, records, commands."""
+"""dlo.runtime without spawning processes: devices, distributed context, node lists, records, commands."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,20 +10,7 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.env import (
-    DEFAULT_MASTER_PORT,
-    DistContext,
-    build_launch_command,
-    dist_context,
-    distributed,
-    expand_nodelist,
-    free_port,
-    init_distributed,
-    launch,
-    pick_device,
-    read_records,
-    write_record,
-)
+from dlo.runtime import (DEFAULT_MASTER_PORT, DistContext, build_launch_command, dist_context, distributed, expand_nodelist, free_port, init_distributed, launch, pick_device, read_records, write_record)
 
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "DLO_RECORDS_DIR", "DLO_DEVICE")
@@ -275,7 +262,7 @@ def test_free_port():
 def test_expand_runs_overrides_names_and_rejects_unknown_options():
     import argparse
 
-    from dlo.env import expand_runs
+    from dlo.runtime import expand_runs
 
     args = argparse.Namespace(lr=0.1, steps=3, runs=None)
     assert [(n, vars(a)) for n, a in expand_runs(args, None)] == [("run0", {"lr": 0.1, "steps": 3, "runs": None})]
@@ -294,7 +281,7 @@ def test_group_of_one_for_a_single_process(monkeypatch):
     import subprocess
 
     code = ("import dlo, os, torch.distributed as dist\n"
-            "from dlo.env import init_distributed, teardown\n"
+            "from dlo.runtime import init_distributed, teardown\n"
             "ctx = init_distributed(group_of_one=True)\n"
             "print(dist.is_initialized(), dist.get_world_size(), ctx.is_distributed, os.environ['LOCAL_RANK'])\n"
             "teardown()\n"

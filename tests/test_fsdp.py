@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo import tokens
-from dlo.env import launch
-from dlo.memory import LLAMA_3_2_3B, count_parameters
+from dlo.data import tokens
+from dlo.runtime import launch
+from dlo.models.config import LLAMA_3_2_3B
+from dlo.measure.memory import count_parameters
 from dlo.parallel import fsdp
 
 CASES = Path(__file__).parent / "scripts" / "fsdp_cases.py"

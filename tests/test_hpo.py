@@ -1,4 +1,4 @@
-"""dlo.hpo: toy functions, search spaces (and the duplicated-name pitfall), journal storage shared by
+"""dlo.lessons.hpo: toy functions, search spaces (and the duplicated-name pitfall), journal storage shared by
 processes and resumed, the small CIFAR trainer, Ray helpers, the Ray Tune Slurm template."""
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import hpo
-from dlo.paths import ROOT
+from dlo.lessons import hpo
+from dlo.runtime.paths import ROOT
+import dlo.lessons.hpo.ray
 from test_slurm import sbatch_options  # the #SBATCH header as sbatch reads it
 
 optuna = pytest.importorskip("optuna")
@@ -221,7 +222,7 @@ def test_worker_command_line_errors_are_one_line(tmp_path, capsys):
     code = hpo.main(["worker", "--journal", str(tmp_path / "j.log"), "--study", "s", "--n-trials", "0"])
     assert code == 2 and "--n-trials must be >= 1" in capsys.readouterr().err
     # the real command line, in its own process
-    res = subprocess.run([sys.executable, "-m", "dlo.hpo", "worker", "--journal", str(tmp_path / "j.log"), "--study",
+    res = subprocess.run([sys.executable, "-m", "dlo", "hpo", "worker", "--journal", str(tmp_path / "j.log"), "--study",
                           "absent"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         f"error: no study 'absent' in {tmp_path / 'j.log'}: create it first (optuna.create_study(storage=..., "
@@ -329,7 +330,7 @@ def test_ray_temp_dir_stays_short_enough_for_unix_sockets(tmp_path):
     short = hpo.ray_temp_dir("/tmp/dlo-r")
     long = hpo.ray_temp_dir(tmp_path / ("x" * 80))
     for path in (short, long):
-        assert len(str(path)) + hpo._SESSION_TAIL <= hpo._SOCKET_MAX
+        assert len(str(path)) + dlo.lessons.hpo.ray._SESSION_TAIL <= dlo.lessons.hpo.ray._SOCKET_MAX
     assert short == Path("/tmp/dlo-r").resolve() and long.parent == Path(tempfile.gettempdir())
     assert not short.exists()  # only a name: ray_start creates it
 
@@ -340,7 +341,7 @@ def test_a_half_started_ray_is_stopped_before_retrying():
     ray_like = subprocess.Popen([*sleep, "/venv/site-packages/ray/_private/log_monitor.py"])
     other = subprocess.Popen([*sleep, "/data/array/x"])
     try:
-        hpo._stop_ray_children()
+        dlo.lessons.hpo.ray._stop_ray_children()
         assert ray_like.wait(timeout=10) is not None
         assert other.poll() is None
     finally:
@@ -351,7 +352,7 @@ def test_a_half_started_ray_is_stopped_before_retrying():
 
 @pytest.mark.slow
 def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
-    """A tiny Tune run on the local Ray that dlo.hpo.ray_start starts: PBT restarts trials from checkpoints."""
+    """A tiny Tune run on the local Ray that dlo.lessons.hpo.ray_start starts: PBT restarts trials from checkpoints."""
     ray = pytest.importorskip("ray")
     from ray import tune
     from ray.tune.schedulers import PopulationBasedTraining

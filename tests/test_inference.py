@@ -1,4 +1,4 @@
-"""Tests of dlo.inference: the distillation loss, model sizes, quantization, pruning and sparsity, the KV cache."""
+"""Tests of dlo.lessons.inference: the distillation loss, model sizes, quantization, pruning and sparsity, the KV cache."""
 from __future__ import annotations
 
 import copy
@@ -11,8 +11,9 @@ from torch import nn
 from torch.nn.utils import prune
 
 import dlo  # noqa: F401  (before torchvision / transformers)
-from dlo import inference as infer
-from dlo.memory import TINY_LLAMA
+from dlo.lessons import inference as infer
+from dlo.models.config import TINY_LLAMA
+from dlo.models import small
 
 MICRO_LLAMA = TINY_LLAMA.replace(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                                  num_kv_heads=2, head_dim=16, name="micro Llama")
@@ -69,7 +70,7 @@ def test_distillation_loss_rejects_bad_settings(kwargs, message):
 
 
 def test_student_models_are_small_and_classify():
-    cnn, mlp = infer.SmallCNN(8), infer.MLP(hidden=(64,))
+    cnn, mlp = small.SmallCNN(8), small.MLP(hidden=(64,))
     x = torch.randn(2, 3, 32, 32)
     assert cnn(x).shape == mlp(x).shape == (2, 10)
     assert sum(p.numel() for p in cnn.parameters()) < 10_000
@@ -79,7 +80,7 @@ def test_fit_classifier_passes_index_and_flip_to_the_loss():
     x = torch.randn(64, 3, 4, 4)
     y = torch.arange(64) % 10
     torch.manual_seed(0)
-    model = infer.MLP(in_features=48, hidden=(8,))
+    model = small.MLP(in_features=48, hidden=(8,))
     table = infer.teacher_logits_table(model, x)
     assert torch.allclose(table[True], infer.predict_logits(model, x.flip(-1)))
     seen = []
@@ -101,7 +102,7 @@ def test_fit_classifier_is_deterministic_and_learns():
     models = []
     for _ in range(2):
         torch.manual_seed(0)
-        m = infer.MLP(in_features=3 * 8 * 8, hidden=(32,), num_classes=2)
+        m = small.MLP(in_features=3 * 8 * 8, hidden=(32,), num_classes=2)
         recs = infer.fit_classifier(m, x, y, lambda lo, yy, idx, flipped: F.cross_entropy(lo, yy), epochs=6, batch_size=32,
                                     lr=0.05, seed=3, eval_data=(x, y))
         models.append(m)
@@ -123,7 +124,7 @@ def test_model_size_bytes_counts_the_weights():
                     reason="this torch build has no int8 CPU engine")
 def test_dynamic_quantization_is_four_times_smaller_and_close():
     torch.manual_seed(0)
-    m = infer.MLP(in_features=256, hidden=(512,), num_classes=10).eval()
+    m = small.MLP(in_features=256, hidden=(512,), num_classes=10).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation warnings
         q = torch.ao.quantization.quantize_dynamic(m, {nn.Linear}, dtype=torch.qint8)

@@ -1,4 +1,4 @@
-"""Tests of dlo.jit: break-even arithmetic and plot, first-call timing, graph/code readers, memory
+"""Tests of dlo.lessons.jit: break-even arithmetic and plot, first-call timing, graph/code readers, memory
 traffic, warning capture, and the Triton helper's CPU behaviour."""
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import jit
+from dlo.runtime.errors import first_line
+from dlo.lessons import jit
 
 
 # ----------------------------------------------------------------------------------------- break-even
@@ -233,9 +234,9 @@ def test_captured_warnings_lets_errors_through(torch_log):
 def test_summarise_and_first_line_cut_long_text():
     long = [{"category": "UserWarning", "message": "x" * 500, "source": "warnings"}]
     assert len(jit.summarise_warnings(long, width=50)[0]) == 50
-    assert jit.first_line(ValueError("first\nsecond")) == "ValueError: first"
-    assert jit.first_line(KeyError()) == "KeyError"
-    assert len(jit.first_line(RuntimeError("y" * 400), width=40)) == 40
+    assert first_line(ValueError("first\nsecond")) == "ValueError: first"
+    assert first_line(KeyError()) == "KeyError"
+    assert len(first_line(RuntimeError("y" * 400), width=40)) == 40
 
 
 # ----------------------------------------------------------------------------------------- Triton helper

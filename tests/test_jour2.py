@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import dlo  # noqa: F401
-from dlo.env import LaunchError, launch
-from dlo.paths import ROOT
+from dlo.runtime import LaunchError, launch
+from dlo.runtime.paths import ROOT
 
 SCRIPT = ROOT / "Jour2" / "ddp_train.py"
 TINY = ["--width", "4", "--n-train", "256", "--max-steps", "3", "--warmup-steps", "1"]

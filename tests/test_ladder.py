@@ -1,7 +1,7 @@
-"""dlo.bench.Ladder: a step is kept only if it beats the fastest configuration so far."""
+"""dlo.measure.bench.Ladder: a step is kept only if it beats the fastest configuration so far."""
 import pytest
 
-from dlo.bench import Ladder, Measurement
+from dlo.measure.bench import Ladder, Measurement
 
 
 def m(name, seconds, items=10):

@@ -1,4 +1,4 @@
-"""dlo.env.launch end to end: real processes talking over gloo on this machine's CPU."""
+"""dlo.runtime.launch end to end: real processes talking over gloo on this machine's CPU."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import dlo  # noqa: F401
-from dlo.env import LaunchError, _blame, free_port, launch
+from dlo.runtime import LaunchError, free_port, launch
+from dlo.runtime.launch import _blame
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"

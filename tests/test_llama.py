@@ -1,12 +1,13 @@
-"""dlo.llama: the from-scratch Llama equals transformers' LlamaForCausalLM, piece by piece and whole."""
+"""dlo.models.llama: the from-scratch Llama equals transformers' LlamaForCausalLM, piece by piece and whole."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo import llama as L
-from dlo.memory import TransformerConfig, count_parameters
+from dlo.models import llama as L
+from dlo.models.config import TransformerConfig
+from dlo.measure.memory import count_parameters
 
 SMALL = TransformerConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
                           num_kv_heads=2, name="test llama")

@@ -1,4 +1,4 @@
-"""Tests of dlo.loader: transforms, profiling a DataLoader, choosing a setting, core and shared-memory budgets.
+"""Tests of dlo.lessons.loader: transforms, profiling a DataLoader, choosing a setting, core and shared-memory budgets.
 
 Datasets are tiny (in memory, or a small generated CIFAR folder in a temporary directory) and thresholds
 are loose: the machine running the tests may have 2 busy cores.
@@ -19,7 +19,9 @@ from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import dlo  # noqa: F401,E402  (before torchvision)
-from dlo import data, loader as dl  # noqa: E402
+from dlo import data
+from dlo.lessons import loader as dl
+from dlo.lessons import loader_plots
 
 
 class TensorItems(Dataset):
@@ -237,12 +239,12 @@ def test_plots(tmp_path):
     trials = [dl.profile_loader(DataLoader(TensorItems(32), batch_size=8), 4, compute=sleep_step(0.001),
                                 progress=False),
               dl.profile_loader(DataLoader(TensorItems(32), batch_size=4), 4, progress=False)]
-    fig = dl.plot_timeline(trials, path=tmp_path / "timeline.png")
+    fig = loader_plots.plot_timeline(trials, path=tmp_path / "timeline.png")
     assert isinstance(fig, Figure) and (tmp_path / "timeline.png").stat().st_size > 0
-    fig = dl.plot_timeline(trials[0], labels=["one"])
+    fig = loader_plots.plot_timeline(trials[0], labels=["one"])
     assert isinstance(fig, Figure)
     df = pd.DataFrame([t.row() for t in trials]).drop(columns="label")  # labels then come from the settings
-    fig = dl.plot_trials(df, path=tmp_path / "sub" / "trials.png")
+    fig = loader_plots.plot_trials(df, path=tmp_path / "sub" / "trials.png")
     assert isinstance(fig, Figure) and (tmp_path / "sub" / "trials.png").stat().st_size > 0
     assert dl._row_labels(df) == ["batch_size=8", "batch_size=4"]
     import matplotlib.pyplot as plt

@@ -1,4 +1,4 @@
-"""Tests of dlo.memory and dlo.flops: parameter counts (formula = transformers on meta), bytes per
+"""Tests of dlo.measure.memory and dlo.measure.flops: parameter counts (formula = transformers on meta), bytes per
 parameter, sharding strategies, activation estimate vs what autograd saves, estimate vs measured peak."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import dlo  # noqa: F401  (before torchvision / transformers: prepares torchvision's import)
-from dlo import flops as F
-from dlo import memory as M
-from dlo.memory import LLAMA_3_2_3B, LLAMA_3_3_70B, TINY_LLAMA, TransformerConfig
+from dlo.measure import flops as F
+from dlo.measure import memory as M
+from dlo.models.config import LLAMA_3_2_3B, LLAMA_3_3_70B, TINY_LLAMA, TransformerConfig
 
 
 def llama(cfg: TransformerConfig, attn: str = "sdpa", dtype=torch.float32, seed: int = 0):

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dlo import notebooks as nbs
-from dlo.paths import ROOT
+from dlo.course import notebooks as nbs
+from dlo.course import runner
+from dlo.runtime.paths import ROOT
+from dlo.course import student as stu
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -24,11 +26,11 @@ def test_there_are_course_notebooks():
 
 
 def test_committed_notebooks_carry_no_outputs():
-    assert nbs.check_clean(tracked_notebooks()) == []
+    assert runner.check_clean(tracked_notebooks()) == []
 
 
 def test_student_notebooks_are_up_to_date():
-    stale = nbs.write_students(check_only=True)
+    stale = stu.write_students(check_only=True)
     assert stale == [], f"stale student notebooks (run `make student`): {stale}"
 
 
@@ -37,25 +39,25 @@ def test_source_notebook_structure(nb):
     params = nbs.parameters_of(nb)
     assert params.get("profile") == "smoke", "the committed default must be the smoke profile (CI runs it as is)"
     meta = json.loads(nb.read_text())["metadata"]
-    assert meta["kernelspec"]["name"] == nbs.KERNEL_NAME
-    student = json.loads(nbs.student_path(nb).read_text())
+    assert meta["kernelspec"]["name"] == runner.KERNEL_NAME
+    student = json.loads(stu.student_path(nb).read_text())
     sources = "\n".join(c["source"] if isinstance(c["source"], str) else "".join(c["source"]) for c in student["cells"])
     assert "BEGIN SOLUTION" not in sources and "END SOLUTION" not in sources
     source = "\n".join(nbs._source(c) for c in json.loads(nb.read_text())["cells"])
-    assert ("raise NotImplementedError" in sources) == nbs.has_solutions(source)
+    assert ("raise NotImplementedError" in sources) == stu.has_solutions(source)
 
 
-@pytest.mark.parametrize("script", nbs.source_scripts(), ids=lambda p: p.name)
+@pytest.mark.parametrize("script", stu.source_scripts(), ids=lambda p: p.name)
 def test_course_script_student_copy(script):
-    student = nbs.student_path(script)
-    assert student.read_text() == nbs.make_student_script(script), "stale student script: run `make student`"
+    student = stu.student_path(script)
+    assert student.read_text() == stu.make_student_script(script), "stale student script: run `make student`"
     text = student.read_text()
     assert "BEGIN SOLUTION" not in text and "raise NotImplementedError" in text
     assert text.startswith("# Exercise version: generated from ../")
 
 
 def test_load_exercises_from_a_script_defines_without_running_main(tmp_path):
-    from dlo.checks import load_exercises
+    from dlo.course.checks import load_exercises
 
     script = tmp_path / "job.py"
     script.write_text("def f(x):\n    return 2 * x\n\nif __name__ == '__main__':\n    raise SystemExit('ran main')\n")
@@ -64,18 +66,18 @@ def test_load_exercises_from_a_script_defines_without_running_main(tmp_path):
 
 
 def test_course_scripts_are_found():
-    assert ROOT / "Jour2" / "ddp_train.py" in nbs.source_scripts()
+    assert ROOT / "Jour2" / "ddp_train.py" in stu.source_scripts()
 
 
 def test_strip_solutions_keeps_indentation_and_hint():
     src = "def f(x):\n    y = 1\n    # BEGIN SOLUTION: return twice x\n    return 2 * x\n    # END SOLUTION\n"
-    out = nbs.strip_solutions(src)
+    out = stu.strip_solutions(src)
     assert out.splitlines() == ["def f(x):", "    y = 1", "    # TODO: return twice x",
                                 "    raise NotImplementedError('return twice x')"]
 
 
 def test_strip_solutions_without_hint():
-    out = nbs.strip_solutions("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\nprint(x)")
+    out = stu.strip_solutions("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\nprint(x)")
     assert "raise NotImplementedError('write this part')" in out and out.endswith("print(x)")
 
 
@@ -86,7 +88,7 @@ def test_strip_solutions_without_hint():
 ])
 def test_strip_solutions_rejects_bad_regions(src, message):
     with pytest.raises(ValueError, match=message):
-        nbs.strip_solutions(src)
+        stu.strip_solutions(src)
 
 
 def test_strip_outputs():
@@ -111,7 +113,7 @@ def test_parse_value(text, value):
 
 
 def _dlo(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dlo.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dlo", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -133,7 +135,7 @@ def test_run_rejects_unknown_parameter_and_missing_notebook():
 def test_run_names_the_failing_cell(tmp_path):
     executed_dir = tmp_path / "out"
     with pytest.raises(nbs.NotebookError) as info:
-        nbs.run_notebook(FIXTURES / "failing.ipynb", profile="smoke", out_dir=executed_dir, log_output=False)
+        runner.run_notebook(FIXTURES / "failing.ipynb", profile="smoke", out_dir=executed_dir, log_output=False)
     msg = str(info.value)
     assert "\n" not in msg
     assert "failing.ipynb: code cell 2 (answer = 1 / zero) failed with ZeroDivisionError: division by zero" in msg
@@ -142,7 +144,7 @@ def test_run_names_the_failing_cell(tmp_path):
 
 @pytest.mark.notebook
 def test_run_executes_and_injects_parameters(tmp_path):
-    out = nbs.run_notebook(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 2},
+    out = runner.run_notebook(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 2},
                            out_dir=tmp_path, log_output=False)
     nb = json.loads(out.read_text())
     text = json.dumps(nb["cells"])
@@ -164,20 +166,20 @@ def test_jour1_bad_input_gives_one_clear_line(tmp_path, param, value, expected):
 
 
 def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys):
-    ns = nbs.run_plain(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 4})
+    ns = runner.run_plain(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 4})
     assert ns["answer"] == 0.25 and ns["profile"] == "smoke"
     assert "--- code cell 3/3: print(answer)" in capsys.readouterr().out
     with pytest.raises(nbs.NotebookError, match=r"failing.ipynb: code cell 2 \(answer = 1 / zero\) failed with "
                                                 r"ZeroDivisionError: division by zero"):
-        nbs.run_plain(FIXTURES / "failing.ipynb", profile="smoke")
+        runner.run_plain(FIXTURES / "failing.ipynb", profile="smoke")
     with pytest.raises(nbs.NotebookError, match="has no parameter"):
-        nbs.run_plain(FIXTURES / "failing.ipynb", parameters={"nope": 1})
+        runner.run_plain(FIXTURES / "failing.ipynb", parameters={"nope": 1})
 
 
 def test_plain_engine_works_without_ipython(tmp_path):
     """GPU nodes may have torch, pandas and tqdm but no IPython: display/Markdown are stood in for."""
     code = ("import sys; sys.modules['IPython'] = None\n"  # makes `import IPython` fail, as where it is absent
-            "from dlo.notebooks import run_plain\n"
+            "from dlo.course.runner import run_plain\n"
             f"ns = run_plain({str(FIXTURES / 'plain_display.ipynb')!r}, out_dir={str(tmp_path)!r})\n"
             "print('total', ns['total'], 'out_dir', ns['out_dir'])\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -188,7 +190,7 @@ def test_plain_engine_works_without_ipython(tmp_path):
 
 
 def test_nbval_plugin_gives_late_outputs_a_minute():
-    from dlo import _pytest_nbval
+    from dlo.course import nbval_plugin as _pytest_nbval
 
     class IPyNbCell:  # stands for nbval's item class, matched by name
         output_timeout = 5

@@ -1,4 +1,4 @@
-"""Tests of dlo.optim: the hand-written optimisers against updates computed by hand, state_dict round trips,
+"""Tests of dlo.training.optim: the hand-written optimisers against updates computed by hand, state_dict round trips,
 the optimiser and schedule factories with their errors, the linear scaling rule, and the learning-rate range
 test, above all that it leaves the model, the optimiser and the RNGs exactly as it found them.
 
@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import optim as O
+from dlo.training import optim as O
+from dlo.lessons import lr_find
 
 matplotlib.use("Agg")
 
@@ -25,7 +26,7 @@ matplotlib.use("Agg")
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """One intra-op thread: the tensors are tiny, and two threads on 2 shared cores only wait on each other."""
-    from dlo.bench import torch_threads
+    from dlo.measure.bench import torch_threads
 
     with torch_threads(1):
         yield
@@ -450,7 +451,7 @@ def test_lr_find_restores_everything_and_training_continues_identically(name):
     model[1].eval()  # a frozen BatchNorm inside a model in train mode: modes are restored per module
     assert opt.state_dict()["state"], "the optimiser must have state (momentum buffers / moments) already"
     before = snapshot(model, opt)
-    result = O.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(5), start_lr=1e-5, end_lr=1.0,
+    result = lr_find.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(5), start_lr=1e-5, end_lr=1.0,
                        num_steps=30)
     assert_restored(before, model, opt)
     assert len(result.lrs) == len(result.losses) == len(result.smoothed) >= 5
@@ -471,7 +472,7 @@ def test_lr_find_restores_everything_and_training_continues_identically(name):
 def test_lr_find_result_sweep_and_suggestion(tmp_path):
     model, opt = warmed_up()
     model.eval()
-    result = O.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(4), start_lr=1e-4, end_lr=10.0,
+    result = lr_find.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(4), start_lr=1e-4, end_lr=10.0,
                        num_steps=40, diverge_factor=1e9)  # never stop: the whole exponential grid is visible
     assert not model.training
     assert len(result.lrs) == 40 and not result.stopped_early and result.divergence_lr is None
@@ -490,7 +491,7 @@ def test_lr_find_result_sweep_and_suggestion(tmp_path):
 def test_lr_find_stops_on_divergence_and_restores():
     model, opt = warmed_up()
     before = snapshot(model, opt)
-    result = O.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(4), start_lr=1e-3, end_lr=1e6,
+    result = lr_find.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(4), start_lr=1e-3, end_lr=1e6,
                        num_steps=100)
     assert result.stopped_early and len(result.lrs) < 100
     assert result.divergence_lr is not None and result.divergence_lr >= result.lrs[-1]
@@ -511,22 +512,22 @@ def test_lr_find_restores_when_the_criterion_raises_midway():
         return nn.functional.cross_entropy(out, y)
 
     with pytest.raises(RuntimeError, match="boom at step 5"):
-        O.lr_find(model, opt, criterion, toy_batches(4), num_steps=20)
+        lr_find.lr_find(model, opt, criterion, toy_batches(4), num_steps=20)
     assert_restored(before, model, opt)
 
 
 def test_lr_find_cycles_short_batches_and_accepts_a_step_fn():
-    from dlo.train import make_train_step
+    from dlo.training import make_train_step
 
     model, opt = warmed_up()
     before = snapshot(model, opt)
     step = make_train_step(model, opt, nn.functional.cross_entropy, torch.device("cpu"))
-    result = O.lr_find(model, opt, None, toy_batches(2), num_steps=12, start_lr=1e-4, end_lr=1e-1, step_fn=step)
+    result = lr_find.lr_find(model, opt, None, toy_batches(2), num_steps=12, start_lr=1e-4, end_lr=1e-1, step_fn=step)
     assert len(result.lrs) == 12
     assert_restored(before, model, opt)
     # a one-shot generator that runs out cannot be replayed: a clear error, and still restored
     with pytest.raises(ValueError, match="ran out") as err:
-        O.lr_find(model, opt, nn.functional.cross_entropy, (b for b in toy_batches(3)), num_steps=10)
+        lr_find.lr_find(model, opt, nn.functional.cross_entropy, (b for b in toy_batches(3)), num_steps=10)
     one_line(str(err.value))
     assert_restored(before, model, opt)
 
@@ -539,5 +540,5 @@ def test_lr_find_cycles_short_batches_and_accepts_a_step_fn():
 def test_lr_find_errors(kw, match):
     model, opt = warmed_up()
     with pytest.raises(ValueError, match=match) as err:
-        O.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(2), **kw)
+        lr_find.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(2), **kw)
     one_line(str(err.value))

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from dlo.paths import ROOT
+from dlo.runtime.paths import ROOT
 
 
 def _py(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -19,7 +19,7 @@ def _py(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_import_dlo_makes_torchvision_importable():
     res = _py("import dlo, torchvision, json\n"
-              "from dlo import _compat\n"
+              "from dlo.runtime import compat as _compat\n"
               "from torchvision.transforms import v2\n"
               "from torchvision.models import resnet18\n"
               "import torch\n"
@@ -43,7 +43,7 @@ def test_caches_go_to_the_project_unless_already_set(tmp_path):
 
 
 def test_cli_wiring():
-    run = lambda *a: subprocess.run([sys.executable, "-m", "dlo.cli", *a], cwd=ROOT, capture_output=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "dlo", *a], cwd=ROOT, capture_output=True,  # noqa: E731
                                     text=True, timeout=120)
     res = run("slurm", "notebook", "--cluster", "jean-zay", "--time", "01:00:00")
     assert res.returncode == 0 and "#SBATCH --time=01:00:00" in res.stdout

@@ -14,22 +14,10 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.env import launch
-from dlo.llama import Llama
-from dlo.memory import TransformerConfig
-from dlo.parallel.pipeline import (
-    Pipe,
-    bubble_fraction,
-    bubble_theory,
-    build_stage,
-    check_world_size,
-    interleaved_actions,
-    micro_batch_size,
-    one_f_one_b_actions,
-    split_layers,
-    split_model,
-    train_step,
-)
+from dlo.runtime import launch
+from dlo.models.llama import Llama
+from dlo.models.config import TransformerConfig
+from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_stage, check_world_size, interleaved_actions, micro_batch_size, one_f_one_b_actions, split_layers, split_model, train_step)
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed
@@ -195,7 +183,7 @@ def test_bad_configurations_say_what_to_do():
 
 
 def test_checkers_report_a_wrong_schedule():
-    from dlo import checks
+    from dlo.course import checks
     from dlo.parallel.pipeline import afab_step
 
     with pytest.raises(checks.CheckFailed, match=r"action 2 should be \('B', 0\), got \('F', 2\)"):

@@ -1,4 +1,4 @@
-"""The CIFAR-10 race harness (dlo.race): stopping rule, what the clock counts, leaderboard, errors.
+"""The CIFAR-10 race harness (dlo.lessons.race): stopping rule, what the clock counts, leaderboard, errors.
 
 Every race here runs on a few hundred generated images with a 2-channel-wide ResNet-9: the mechanics,
 not the accuracy, are under test.
@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 import dlo  # noqa: F401  (torchvision shim)
-from dlo import race
+from dlo.lessons import race
 from dlo.models import resnet9
-from dlo.paths import ROOT
+from dlo.runtime.paths import ROOT
+from dlo.lessons import leaderboard as board
 
 DATA = dict(generated=True, n_train=256, n_test=100)
 TINY = race.Recipe(name="tiny", model="resnet9", width=2, batch_size=32, epochs=2, lr=0.2, data="preload",
@@ -212,23 +213,23 @@ def _entry(name, reached_at, best, target=0.5, data="generated"):
 
 def test_leaderboard_appends_and_sorts(tmp_path):
     path = tmp_path / "leaderboard.json"
-    assert race.read_leaderboard(path) == [] and len(race.leaderboard(path)) == 0
+    assert board.read_leaderboard(path) == [] and len(board.leaderboard(path)) == 0
     for e in (_entry("slow", 5.0, 0.6), _entry("missed-close", None, 0.45), _entry("fast", 2.0, 0.55),
               _entry("missed-far", None, 0.2), _entry("other target", 1.0, 0.95, target=0.94, data="real CIFAR-10")):
-        race.append_to_leaderboard(e, path)
-    assert len(race.read_leaderboard(path)) == 5
-    table = race.leaderboard(path, target=0.5)
+        board.append_to_leaderboard(e, path)
+    assert len(board.read_leaderboard(path)) == 5
+    table = board.leaderboard(path, target=0.5)
     assert list(table["name"]) == ["fast", "slow", "missed-close", "missed-far"]
     assert list(table.index) == [1, 2, 3, 4]
-    assert list(race.leaderboard(path, data="real CIFAR-10")["name"]) == ["other target"]
-    fig = race.plot_race(race.read_leaderboard(path), target=0.5, path=tmp_path / "race.png")
+    assert list(board.leaderboard(path, data="real CIFAR-10")["name"]) == ["other target"]
+    fig = board.plot_race(board.read_leaderboard(path), target=0.5, path=tmp_path / "race.png")
     assert (tmp_path / "race.png").stat().st_size > 0
     import matplotlib.pyplot as plt
 
     plt.close(fig)
     path.write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
-        race.read_leaderboard(path)
+        board.read_leaderboard(path)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -245,7 +246,7 @@ def test_leaderboard_path_not_writable_fails_before_the_race(tmp_path, monkeypat
 
 
 def test_race_without_a_data_set(tmp_path, monkeypatch):
-    from dlo import paths
+    from dlo.runtime import paths
 
     monkeypatch.delenv("DLO_DATA_DIR", raising=False)
     monkeypatch.delenv("DSDIR", raising=False)
@@ -263,7 +264,7 @@ def test_command_line(tmp_path, capsys):
     out = tmp_path / "race.json"
     args = ["--recipe", "smoke", "--generated", "--n-train", "256", "--n-test", "100", "--set", "width=2",
             "--set", "epochs=1", "--device", "cpu", "--no-progress"]
-    res = subprocess.run([sys.executable, "-m", "dlo.race", *args, "--target", "0.01", "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "dlo", "race", *args, "--target", "0.01", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     saved = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""Mechanics of the training recipes of dlo.train: progressive resizing, dynamic batch size (+ LR scaling),
+"""Mechanics of the training recipes of dlo.training: progressive resizing, dynamic batch size (+ LR scaling),
 EMA of the weights, test-time augmentation, the batch-transform hook (MixUp/CutMix), and the CLI flags.
 
 Small tensors and tiny networks on the CPU: what is tested is what each switch does, not accuracy.
@@ -13,16 +13,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dlo  # noqa: F401  (before torchvision)
-from dlo import paths
-from dlo import train as tr
-from dlo.augment import MixCutMix, soft_cross_entropy
+from dlo.runtime import paths
+from dlo import training as tr
+from dlo.data.augment import MixCutMix, soft_cross_entropy
+from dlo.training import cli as training_cli
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    from dlo.bench import torch_threads
+    from dlo.measure.bench import torch_threads
 
     with torch_threads(1):
         yield
@@ -318,7 +319,7 @@ def test_train_with_mixcutmix_uses_soft_targets_and_learns():
 
 def test_cli_with_the_recipe_flags(tmp_path, capsys):
     out = tmp_path / "out.json"
-    rc = tr.main(["--generated", "--n-train", "40", "--width", "2", "--epochs", "2", "--batch-schedule", "0:8,1:16",
+    rc = training_cli.main(["--generated", "--n-train", "40", "--width", "2", "--epochs", "2", "--batch-schedule", "0:8,1:16",
                   "--scale-lr", "--resize-schedule", "0:16,1:32", "--ema-decay", "0.9", "--label-smoothing", "0.1",
                   "--mixcutmix", "--eval", "--tta", "--no-progress", "--log-every", "100",
                   "--tracking-dir", str(tmp_path / "trk"), "--run-name", "cli", "--out", str(out)])
@@ -333,7 +334,7 @@ def test_cli_with_the_recipe_flags(tmp_path, capsys):
 @pytest.mark.parametrize("args, word", [(["--batch-schedule", "0-8"], "EPOCH:VALUE"), (["--tta"], "--eval")])
 def test_cli_recipe_errors(args, word, capsys):
     with pytest.raises(SystemExit) if word == "EPOCH:VALUE" else _nothing():
-        rc = tr.main(["--generated", "--n-train", "16", "--steps", "1", "--no-progress", *args])
+        rc = training_cli.main(["--generated", "--n-train", "16", "--steps", "1", "--no-progress", *args])
         assert rc == 2
     assert word in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""dlo.roofline: arithmetic intensity, the roofline model, measured sweeps and the profile classifier."""
+"""dlo.measure.roofline: arithmetic intensity, the roofline model, measured sweeps and the profile classifier."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo import roofline as rl
-from dlo.flops import GPU_PEAKS, TERA
+from dlo.measure import roofline as rl
+from dlo.measure.flops import GPU_PEAKS, TERA
 
 
 def test_matmul_flops_bytes_and_intensity():

@@ -1,4 +1,4 @@
-"""Slurm templates and dlo.slurm.render: valid bash, requested #SBATCH values, clear errors."""
+"""Slurm templates and dlo.runtime.slurm.render: valid bash, requested #SBATCH values, clear errors."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from dlo import paths, slurm
+from dlo.runtime import paths
+from dlo.runtime import slurm
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="bash not installed")

@@ -1,11 +1,11 @@
-"""dlo.tokens: local text (saved datasets.Dataset, .txt) with a locally built tokenizer, or generated tokens."""
+"""dlo.data.tokens: local text (saved datasets.Dataset, .txt) with a locally built tokenizer, or generated tokens."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo import tokens
+from dlo.data import tokens
 
 TEXT = "the cat sat on the mat . the dog sat on the log . " * 20
 

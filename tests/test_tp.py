@@ -2,7 +2,7 @@
 
 Two launches (process start-up costs seconds on 2 cores): 2 gloo processes run tp=2, DTensor tp=2 and the
 divisibility errors; 4 processes run tp=4, tp 2 × dp 2 and DTensor tp=4. Each rank compares itself with
-the single-process :class:`dlo.llama.Llama` (same seed, same batch) and records the largest differences.
+the single-process :class:`dlo.models.llama.Llama` (same seed, same batch) and records the largest differences.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.env import launch
-from dlo.llama import Llama, token_batch
-from dlo.memory import TransformerConfig
+from dlo.runtime import launch
+from dlo.models.llama import Llama, token_batch
+from dlo.models.config import TransformerConfig
 from dlo.parallel import comm
 from dlo.parallel.tensor import TPLlama, comm_theory, dp_group_ranks, tp_dp_groups, tp_group_ranks
 

@@ -1,4 +1,4 @@
-"""Experiment tracking of dlo.train (dlo.tracking): TensorBoard event files and a local MLflow file store are
+"""Experiment tracking of dlo.training (dlo.training.tracking): TensorBoard event files and a local MLflow file store are
 written by train(), read back (runs_table, metric_history, TensorBoard's own reader), and a folder that
 cannot be written is refused before training, in one line."""
 from __future__ import annotations
@@ -11,13 +11,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dlo  # noqa: F401
-from dlo import tracking
-from dlo import train as tr
+from dlo.training import tracking
+from dlo import training as tr
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    from dlo.bench import torch_threads
+    from dlo.measure.bench import torch_threads
 
     with torch_threads(1):
         yield

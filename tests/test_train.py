@@ -1,4 +1,4 @@
-"""Tests of dlo.train: the step function, device switches, evaluation, checkpoints, signals, exact resume
+"""Tests of dlo.training: the step function, device switches, evaluation, checkpoints, signals, exact resume
 (in-process and through the command line, by killing a real run with SIGTERM), and the CLI's errors.
 
 Everything runs on the CPU with a width-4 ResNet and small generated datasets.
@@ -21,9 +21,12 @@ import torch
 from torch import nn
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo import data, paths
-from dlo import train as tr
+from dlo import data
+from dlo.runtime import paths
+from dlo import training as tr
 from dlo.models import resnet18_cifar
+import dlo.training.loop
+from dlo.training import cli as training_cli
 
 CPU = torch.device("cpu")
 
@@ -37,7 +40,7 @@ def one_line(text: str) -> str:
 def one_thread():
     """One intra-op thread: on 2 shared cores, two OpenMP threads that wait on each other at every layer are
     many times slower as soon as another process runs (the results under test do not depend on it)."""
-    from dlo.bench import torch_threads
+    from dlo.measure.bench import torch_threads
 
     with torch_threads(1):
         yield
@@ -541,7 +544,7 @@ def test_train_early_stopping_stops_and_restores_the_best(train_set, monkeypatch
         snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
         return {"loss": 1.0, "accuracy": next(accuracies), "samples": 8}
 
-    monkeypatch.setattr(tr, "evaluate", fake_evaluate)
+    monkeypatch.setattr(dlo.training.loop, "evaluate", fake_evaluate)
     val = data.make_loader(train_set, 8, shuffle=False)
     cfg = tr.TrainConfig(epochs=6, log_every=100, progress=False, early_stopping=2)
     result = tr.train(_model(), _loader_factory(train_set, 0), cfg, val_loader=val)
@@ -634,7 +637,7 @@ def _cli_env(cache: Path) -> dict[str, str]:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dlo.train", *args]
+    return [sys.executable, "-m", "dlo", "train", *args]
 
 
 @pytest.mark.parametrize("args, word", [
@@ -646,7 +649,7 @@ def _cli(*args: str) -> list[str]:
     (["--lr", "0"], "lr"),
 ])
 def test_cli_errors_in_process(args, word, capsys):
-    assert tr.main([*args, "--no-progress"]) == 2
+    assert training_cli.main([*args, "--no-progress"]) == 2
     captured = capsys.readouterr()
     line = one_line(captured.err)
     assert line.startswith("error: ") and word in line
@@ -654,7 +657,7 @@ def test_cli_errors_in_process(args, word, capsys):
 
 def test_cli_resume_with_missing_checkpoint(tmp_path, capsys):
     ck = tmp_path / "missing.pt"
-    rc = tr.main(["--generated", "--n-train", "16", "--width", "4", "--batch-size", "8", "--steps", "2",
+    rc = training_cli.main(["--generated", "--n-train", "16", "--width", "4", "--batch-size", "8", "--steps", "2",
                   "--no-progress", "--ckpt", str(ck), "--resume"])
     assert rc == 2
     line = one_line(capsys.readouterr().err)
@@ -728,7 +731,7 @@ def test_cli_sigterm_to_process_group_with_workers(tmp_path):
 
 
 def test_cli_kill_and_resume_is_exact(tmp_path):
-    """The acceptance test: SIGTERM a running `python -m dlo.train`, resume it, compare with a run never stopped."""
+    """The acceptance test: SIGTERM a running `python -m dlo train`, resume it, compare with a run never stopped."""
     cache = tmp_path / "cache"
     _generate_cli_data(cache)
     env = _cli_env(cache)
@@ -807,12 +810,12 @@ def test_loader_workers_ignore_stop_signals_and_keep_user_init():
         made.append(loader)
         return loader
 
-    it, n = tr._iter_epoch(make_loader, seed=0, epoch=0, skip=0)
+    it, n = dlo.training.loop._iter_epoch(make_loader, seed=0, epoch=0, skip=0)
     (flags,) = list(it)
     assert n == 1
     assert flags.tolist() == [[True, True, True], [True, True, True]]
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN  # the main process is untouched
-    it2, _ = tr._iter_epoch(lambda g: made[0], seed=0, epoch=1, skip=0)  # a reused loader is not wrapped twice
+    it2, _ = dlo.training.loop._iter_epoch(lambda g: made[0], seed=0, epoch=1, skip=0)  # a reused loader is not wrapped twice
     assert made[0].worker_init_fn.init is _user_init
     list(it2)
 
@@ -821,7 +824,7 @@ def test_resume_with_a_different_length_is_refused_in_one_line(tmp_path):
     """The one-cycle schedule depends on the run's length: resuming a 6-step run as a 9-step one is refused."""
     from dlo import data
     from dlo.models import resnet18_cifar
-    from dlo.train import TrainConfig, train
+    from dlo.training import TrainConfig, train
 
     ds = data.cifar10("train", None, data.test_transform(), generated=True, n_train=64, n_test=64, verbose=False)
 

@@ -3,13 +3,13 @@
 DDP keeps everything (weights, gradients, AdamW states: 16 bytes per parameter, 51 GB for 3.2 B parameters)
 on every GPU. FSDP2 shards all three over the ranks and all-gathers one decoder layer at a time. This script
 trains transformers' LlamaForCausalLM (exact Llama 3.2 3B config, or a small one) on token data from
-``dlo.tokens`` under one of several configurations, and writes one record per configuration and rank:
-tokens/s, MFU, peak memory, the memory the calculator (``dlo.memory``) predicts, the loss trajectory.
+``dlo.data.tokens`` under one of several configurations, and writes one record per configuration and rank:
+tokens/s, MFU, peak memory, the memory the calculator (``dlo.measure.memory``) predicts, the loss trajectory.
 
 Run it:
     python fsdp_train.py --model smoke --steps 6                        # one process
     torchrun --nproc_per_node 2 fsdp_train.py --model smoke --strategy fsdp
-    dlo.env.launch("fsdp_train.py", [..., "--runs", json.dumps([...])], nproc=2)   # what the notebook does
+    dlo.runtime.launch("fsdp_train.py", [..., "--runs", json.dumps([...])], nproc=2)   # what the notebook does
 
 Exercises 0-8 are the functions with a TODO in ``student/fsdp_train.py``; ``dlo check fsdp <step>`` checks one.
 """
@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch import nn
 
 import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
-from dlo import tokens
-from dlo.env import expand_runs, init_distributed, pick_device, teardown, write_record
-from dlo.memory import GB, count_parameters, per_gpu_memory
+from dlo.data import tokens
+from dlo.runtime import expand_runs, init_distributed, pick_device, teardown, write_record
+from dlo.measure.memory import GB, count_parameters, per_gpu_memory
 from dlo.parallel import fsdp as ref
 
 
@@ -173,7 +173,7 @@ def load_checkpoint(path, model: nn.Module, optimizer) -> int:
 # ---------------------------------------------------------------------------------------------------
 def deepspeed_config(stage: int, global_batch: int, world_size: int, precision: str = "fp32") -> dict:
     """The DeepSpeed JSON config of ZeRO ``stage`` (1, 2 or 3): ``train_batch_size`` (global),
-    ``train_micro_batch_size_per_gpu`` (per rank: ``dlo.tokens.per_rank_batch``), ``gradient_accumulation_steps``
+    ``train_micro_batch_size_per_gpu`` (per rank: ``dlo.data.tokens.per_rank_batch``), ``gradient_accumulation_steps``
     1, ``zero_optimization: {"stage": stage}``, ``bf16: {"enabled": precision == "bf16"}``."""
     # BEGIN SOLUTION: check the stage, then the dict described above (per_rank_batch raises when world_size does not divide)
     if stage not in (1, 2, 3):
@@ -309,7 +309,7 @@ def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU. FSDP, DCP and DeepSpeed need a process
+    # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU. FSDP, DCP and DeepSpeed need a process
     # group even for one process (one GPU, or plain `python fsdp_train.py`): group_of_one makes it.
     ctx = init_distributed(group_of_one=True)
     device = torch.device("cuda", ctx.local_rank) if pick_device().type == "cuda" else torch.device("cpu")

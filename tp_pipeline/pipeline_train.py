@@ -18,7 +18,7 @@ number of stages) and ``pipe.micro_batches`` are all a schedule needs to know.
 Run it:
     python pipeline_train.py                               # one process = one stage (no pipeline)
     torchrun --nproc_per_node 4 pipeline_train.py --schedules afab 1f1b --micro-batches 8
-    dlo.env.launch("pipeline_train.py", [...], nproc=4)    # what the notebook does
+    dlo.runtime.launch("pipeline_train.py", [...], nproc=4)    # what the notebook does
 
 Exercises 1-3 (and the bonus 4) are yours: in ``student/pipeline_train.py`` their bodies raise
 NotImplementedError until you write them; ``dlo check pipeline <step>`` checks one.
@@ -33,11 +33,10 @@ import torch
 import torch.distributed as dist
 
 import dlo  # noqa: F401
-from dlo.env import init_distributed, teardown, write_record
-from dlo.llama import Llama, lm_loss, token_batch
-from dlo.memory import TransformerConfig
-from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_chunks, build_stage, check_world_size,
-                                   gather_stats, split_model)
+from dlo.runtime import init_distributed, teardown, write_record
+from dlo.models.llama import Llama, lm_loss, token_batch
+from dlo.models.config import TransformerConfig
+from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_chunks, build_stage, check_world_size, gather_stats, split_model)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -264,7 +263,7 @@ def run_deepspeed(args, ctx, device, schedule: str, m: int) -> dict:
     (nothing for DeepSpeed to compile)."""
     from deepspeed.pipe import PipelineModule
 
-    from dlo._compat import import_deepspeed
+    from dlo.runtime.compat import import_deepspeed
 
     deepspeed = import_deepspeed()  # on a CPU: keep torch's gloo, compile nothing
 

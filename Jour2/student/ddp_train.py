@@ -10,7 +10,7 @@ optimizer step, so the copies stay identical without ever sending weights.
 Run it:
     python ddp_train.py --epochs 1                       # one process, no process group
     torchrun --nproc_per_node 2 ddp_train.py --epochs 1  # two processes (gloo on CPU, nccl on GPUs)
-    dlo.env.launch("ddp_train.py", [...], nproc=2)       # what the notebook does (srun under Slurm)
+    dlo.runtime.launch("ddp_train.py", [...], nproc=2)       # what the notebook does (srun under Slurm)
 
 Exercises 1-6 below are yours: in ``student/ddp_train.py`` their bodies raise NotImplementedError
 until you write them, and ``dlo check ddp <step>`` checks one function (``dlo check --list`` shows them).
@@ -32,11 +32,13 @@ from tqdm.auto import tqdm
 
 import dlo  # noqa: F401  (project caches and the torchvision shim: before any torchvision import)
 from dlo import data
-from dlo.bench import synchronize
-from dlo.ddp import ConditionalHeadsNet, StochasticDepthNet, attach_comm_recorder, per_rank_batch
-from dlo.env import expand_runs, init_distributed, teardown, write_record
+from dlo.runtime import synchronize
+from dlo.models import ConditionalHeadsNet, StochasticDepthNet
+from dlo.parallel.ddp import attach_comm_recorder
+from dlo.runtime.validate import per_rank_batch
+from dlo.runtime import expand_runs, init_distributed, teardown, write_record
 from dlo.models import count_parameters, resnet18_cifar
-from dlo.train import save_checkpoint
+from dlo.training import save_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def make_train_loader(dataset, ctx, global_batch: int, *, seed: int = 0, num_wor
     """A DataLoader over this rank's shard of ``dataset``, and the sampler that defines the shard.
 
     The *global* batch (what the optimizer sees per step) is split evenly: each rank loads
-    ``global_batch // world_size`` images (``dlo.ddp.per_rank_batch`` checks it divides). A
+    ``global_batch // world_size`` images (``dlo.parallel.ddp.per_rank_batch`` checks it divides). A
     ``DistributedSampler`` shuffles all indices with the same seed on every rank, then gives rank r every
     world_size-th index starting at r: the shards are disjoint and together cover the dataset.
     ``drop_last=True`` on the sampler keeps the shards the same length (no padding with repeated images).
@@ -144,7 +146,7 @@ def reduce_metrics(loss_sum: torch.Tensor, correct: torch.Tensor, count: torch.T
 def save_on_main(ctx, path, model, optimizer, epoch: int) -> Path | None:
     """Save a checkpoint from rank 0 only, then make every rank wait until it is written.
 
-    All ranks hold the same weights, so N writers would only race on one file. ``dlo.train.save_checkpoint``
+    All ranks hold the same weights, so N writers would only race on one file. ``dlo.training.save_checkpoint``
     unwraps DDP (no ``module.`` prefix in the keys, so the file loads into a plain model) and writes
     atomically. The barrier stops other ranks from reading (or deleting) the file before it exists.
     Returns the path on rank 0, None elsewhere.
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace, ctx, device: torch.device, dataset, name: str 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ctx = init_distributed()  # dlo.env: torchrun or srun variables; nccl on GPUs, gloo on CPU
+    ctx = init_distributed()  # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU
     device = rank_device(ctx)
     say = print if ctx.is_main else (lambda *a, **k: None)
     say(f"{ctx.world_size} process(es) ({ctx.source}), rank 0 on {device}, backend "

@@ -6,6 +6,9 @@
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
     dlo slurm TEMPLATE [options]                                      render an sbatch script
+    dlo train | race | mix-bench | hpo worker [options]               one layer's command (its own --help)
+
+``python -m dlo ...`` is the same command without the console script.
 
 Errors are reported in one line on stderr with exit code 2 (1 for a failed check or notebook).
 """
@@ -16,7 +19,8 @@ import sys
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .notebooks import NotebookError, parse_value, run_notebook, run_plain
+    from dlo.course.notebooks import NotebookError, parse_value
+    from dlo.course.runner import run_notebook, run_plain
 
     params = {name: parse_value(value) for name, value in (args.param or [])}
     try:
@@ -34,7 +38,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .checks import REGISTRY, CheckFailed, check_notebook
+    from dlo.course.checks.framework import REGISTRY, CheckFailed, check_notebook
 
     if args.list or args.step is None:
         for course, steps in REGISTRY.items():
@@ -50,7 +54,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_student(args: argparse.Namespace) -> int:
-    from .notebooks import write_students
+    from dlo.course.student import write_students
 
     stale = write_students(check_only=args.check)
     if args.check:
@@ -65,7 +69,7 @@ def _cmd_student(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from . import data
+    from dlo import data
 
     ds = data.cifar10("train", args.data_dir, generated=True if args.generated else None)
     print(ds.source)
@@ -105,11 +109,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     sl = sub.add_parser("slurm", help="render an sbatch template (see slurm/README.md)", add_help=False)
     sl.add_argument("rest", nargs=argparse.REMAINDER)
-    sl.set_defaults(func=lambda a: __import__("dlo.slurm", fromlist=["main"]).main(a.rest))
+    sl.set_defaults(func=lambda a: _module_main("dlo.runtime.slurm", a.rest))
+
+    # Commands that belong to one layer each; they parse their own options (`dlo train --help`). They need only
+    # torch and torchvision, so `python -m dlo train ...` runs where Jupyter is not installed (a GPU node).
+    for name, module, what in _DELEGATED:
+        x = sub.add_parser(name, help=what, add_help=False)
+        x.add_argument("rest", nargs=argparse.REMAINDER)
+        x.set_defaults(func=lambda a, module=module: _module_main(module, a.rest))
     return p
 
 
+_DELEGATED = (
+    ("train", "dlo.training.cli", "train the CIFAR ResNet with dlo's loop (checkpoints, exact resume)"),
+    ("race", "dlo.lessons.race", "one attempt of the CIFAR-10 race (time to target accuracy)"),
+    ("mix-bench", "dlo.lessons.mixing", "time MixUp/CutMix: the per-sample loop against the batched kernel"),
+    ("hpo", "dlo.lessons.hpo.journal", "`dlo hpo worker ...`: an Optuna worker process on a study shared through a journal file"),
+)
+
+
+def _module_main(module: str, argv: list[str]) -> int:
+    import importlib
+
+    return importlib.import_module(module).main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    delegated = {name: module for name, module, _ in _DELEGATED}
+    if argv and argv[0] in delegated:  # its options are its own (argparse's REMAINDER would take some as ours)
+        return _module_main(delegated[argv[0]], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

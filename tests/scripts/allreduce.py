@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 import dlo  # noqa: F401  (project caches; must come before any torchvision import)
-from dlo.env import init_distributed, teardown, write_record
+from dlo.runtime import init_distributed, teardown, write_record
 
 ctx = init_distributed()
 value = torch.tensor([ctx.rank + 1.0])

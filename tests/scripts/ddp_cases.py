@@ -5,13 +5,13 @@ Cases (all of them when no argument is given):
 
 * ``plain``   DDP, model without BatchNorm, STEPS SGD steps, each rank on its half of a fixed global
               batch -> final parameters (the test compares them with one process on the whole batch);
-* ``hook``    the same with :func:`dlo.ddp.attach_comm_recorder` -> parameters + the recorder's records;
+* ``hook``    the same with :func:`dlo.parallel.ddp.attach_comm_recorder` -> parameters + the recorder's records;
 * ``double``  the classic mistake: loss divided by the world size on top of DDP's averaging;
 * ``bn``      model with plain BatchNorm under DDP (per-rank statistics);
 * ``syncbn``  the same converted with ``nn.SyncBatchNorm.convert_sync_batchnorm``: on CPU it raises
               (SyncBatchNorm runs on GPUs only) and the error is recorded; on a GPU it trains;
 * ``buckets`` a wider MLP under several ``bucket_cap_mb`` -> the recorder's per-step summary;
-* ``reduce``  :func:`dlo.ddp.reduce_mean` / :func:`dlo.ddp.reduce_sum` of rank-dependent values.
+* ``reduce``  :func:`dlo.parallel.ddp.reduce_mean` / :func:`dlo.parallel.ddp.reduce_sum` of rank-dependent values.
 
 The test process imports this file to rebuild the very same models and batches (``make_model``,
 ``global_batches``, ``train``) for its single-process reference.
@@ -23,8 +23,9 @@ import torch.distributed as dist
 from torch import nn
 
 import dlo  # noqa: F401  (must come before any torchvision import)
-from dlo.ddp import attach_comm_recorder, ddp_wrap, first_error_line, reduce_mean, reduce_sum
-from dlo.env import distributed, write_record
+from dlo.parallel.ddp import attach_comm_recorder, ddp_wrap, reduce_mean, reduce_sum
+from dlo.runtime import first_line
+from dlo.runtime import distributed, write_record
 
 STEPS = 3
 GLOBAL_BATCH = 16
@@ -108,7 +109,7 @@ def run(case: str, ctx) -> dict:
             model = ddp_wrap(nn.SyncBatchNorm.convert_sync_batchnorm(make_model("bn")), ctx, device=device)
             train(model, global_batches(), rank, world, device=device)
         except ValueError as exc:
-            return {"device": device, "error": first_error_line(exc)}
+            return {"device": device, "error": first_line(exc)}
         return {"device": device, "params": flat_params(model)}
     if case == "buckets":
         out = {"param_elements": sum(p.numel() for p in make_model("wide").parameters()), "caps": {}}

@@ -21,8 +21,10 @@ import torch.distributed as dist
 from torch import nn
 
 import dlo  # noqa: F401  (must come before any torchvision import)
-from dlo.ddp import ConditionalHeadsNet, StochasticDepthNet, ddp_wrap, first_error_line
-from dlo.env import distributed, write_record
+from dlo.models import ConditionalHeadsNet, StochasticDepthNet
+from dlo.parallel.ddp import ddp_wrap
+from dlo.runtime import first_line
+from dlo.runtime import distributed, write_record
 
 CASES = ("heads_error", "heads_flag", "stochastic")
 STEPS = 3
@@ -56,7 +58,7 @@ def train_heads(ctx, **ddp_kwargs) -> dict:
             done += 1
     except RuntimeError as exc:
         full = str(exc)
-        return {"steps_done": done, "error": first_error_line(exc),
+        return {"steps_done": done, "error": first_line(exc),
                 "mentions_flag": "find_unused_parameters=True" in full}
     return {"steps_done": done, "error": None, "same_on_all_ranks": same_on_all_ranks(model.module)}
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import dlo  # noqa: F401
-from dlo.env import init_distributed
+from dlo.runtime import init_distributed
 
 ctx = init_distributed(timeout_s=60)
 print(f"rank {ctx.rank} ready")

@@ -1,6 +1,6 @@
 """A stand-in for Slurm's ``srun`` so that launch(use_srun=True) can be tested on a machine without Slurm.
 
-It understands just what dlo.env.build_launch_command passes: ``--ntasks N``, ``--label`` and flags of
+It understands just what dlo.runtime.build_launch_command passes: ``--ntasks N``, ``--label`` and flags of
 the form ``--x`` / ``--x=y`` (ignored), then the command. Like srun it starts N tasks with
 SLURM_PROCID / SLURM_LOCALID / SLURM_STEP_* set, prefixes each output line with "<task>: ", kills the
 other tasks when one fails (--kill-on-bad-exit) and reports "task <i>: Exited with exit code <c>".

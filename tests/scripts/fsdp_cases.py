@@ -9,8 +9,8 @@ import sys
 import torch
 
 import dlo  # noqa: F401
-from dlo import tokens
-from dlo.env import init_distributed, teardown, write_record
+from dlo.data import tokens
+from dlo.runtime import init_distributed, teardown, write_record
 from dlo.parallel import fsdp
 
 STEPS, GLOBAL_BATCH, SEQ, LR = 3, 4, 32, 3e-3

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 import dlo  # noqa: F401
-from dlo.env import distributed, write_record
-from dlo.llama import Llama, lm_loss, token_batch
-from dlo.memory import TransformerConfig
+from dlo.runtime import distributed, write_record
+from dlo.models.llama import Llama, lm_loss, token_batch
+from dlo.models.config import TransformerConfig
 from dlo.parallel.pipeline import Pipe, build_chunks, build_stage, gather_stats, train_step
 
 CFG = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=8, num_heads=4,

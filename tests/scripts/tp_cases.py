@@ -1,7 +1,7 @@
 """Worker for tests/test_tp.py: from-scratch tensor parallelism (dlo.parallel.tensor) against one process.
 
 Run with ``launch(this, args=[layout, ...], nproc=N)`` where each layout is ``"<tp>x<dp>"`` with
-``tp * dp == N``. For each layout every rank builds the single-process :class:`dlo.llama.Llama` (the
+``tp * dp == N``. For each layout every rank builds the single-process :class:`dlo.models.llama.Llama` (the
 reference, same seed), slices it into a :class:`TPLlama` over its TP group, runs one forward/backward
 on its DP share of a fixed global batch (gradients averaged over the DP group), one SGD step, and rank 0
 writes the largest differences with the reference (logits, loss, every gradient, every weight after the
@@ -13,12 +13,11 @@ import sys
 import torch
 
 import dlo  # noqa: F401
-from dlo.env import init_distributed, teardown, write_record
-from dlo.llama import Llama, token_batch
-from dlo.memory import TransformerConfig
+from dlo.runtime import init_distributed, teardown, write_record
+from dlo.models.llama import Llama, token_batch
+from dlo.models.config import TransformerConfig
 from dlo.parallel import comm
-from dlo.parallel.tensor import (TPLlama, all_reduce_gradients, comm_theory, dtensor_full_tensors, dtensor_llama,
-                                 full_tensors, tp_dp_groups)
+from dlo.parallel.tensor import (TPLlama, all_reduce_gradients, comm_theory, dtensor_full_tensors, dtensor_llama, full_tensors, tp_dp_groups)
 
 CFG = TransformerConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
                         num_kv_heads=4, name="tp test")

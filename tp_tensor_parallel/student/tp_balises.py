@@ -4,7 +4,7 @@
 
 Tensor parallelism cuts every large weight matrix of the model into ``tp`` slices, one per process of a
 *TP group*: each process stores and multiplies only its slice, and the processes exchange activations
-(all-reduces) at a few well-chosen places. The model is :class:`dlo.llama.Llama` (RMSNorm, rotary
+(all-reduces) at a few well-chosen places. The model is :class:`dlo.models.llama.Llama` (RMSNorm, rotary
 embeddings, grouped-query attention, SwiGLU MLP); every parallel piece below is built by *slicing the
 weights of the full model*, so the TP model must reproduce the single-process model exactly.
 
@@ -12,7 +12,7 @@ Run it:
     python tp_balises.py                                     # 1 process (tp = 1): the reference
     torchrun --nproc_per_node 2 tp_balises.py --layouts 2x1  # tp = 2 (gloo on CPU, nccl on GPUs)
     torchrun --nproc_per_node 4 tp_balises.py --layouts 4x1 2x2 --impls scratch dtensor
-    dlo.env.launch("tp_balises.py", [...], nproc=4)         # what the notebook does (srun under Slurm)
+    dlo.runtime.launch("tp_balises.py", [...], nproc=4)         # what the notebook does (srun under Slurm)
 
 Balises 1-11 below are yours: in ``student/tp_balises.py`` their bodies raise NotImplementedError until
 you write them, and ``dlo check tp <n>`` checks balise n (``dlo check --list`` shows them all). The
@@ -33,10 +33,11 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import dlo  # noqa: F401  (project caches and the torchvision shim)
-from dlo.bench import PeakMemory, synchronize
-from dlo.env import init_distributed, teardown, write_record
-from dlo.llama import Llama, apply_rotary, causal_attention, lm_loss, rotary_cos_sin, token_batch
-from dlo.memory import TransformerConfig
+from dlo.measure.bench import PeakMemory
+from dlo.runtime import synchronize
+from dlo.runtime import init_distributed, teardown, write_record
+from dlo.models.llama import Llama, apply_rotary, causal_attention, lm_loss, rotary_cos_sin, token_batch
+from dlo.models.config import TransformerConfig
 from dlo.parallel.comm import COUNTER, all_gather_last_dim, all_reduce, group_rank, group_size, split_last_dim
 
 
@@ -200,7 +201,7 @@ class VocabParallelEmbedding(nn.Module):
 # Balise 5 -- the parallel SwiGLU MLP: one all-reduce per forward
 # ===================================================================================================
 class ParallelSwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` from a :class:`dlo.llama.SwiGLU`: gate and up column-parallel, down
+    """``down(silu(gate(x)) * up(x))`` from a :class:`dlo.models.llama.SwiGLU`: gate and up column-parallel, down
     row-parallel. Apply f ONCE to x (gate and up both read it: two f's would all-reduce its gradient twice)."""
 
     def __init__(self, full, group=None) -> None:
@@ -219,7 +220,7 @@ class ParallelSwiGLU(nn.Module):
 # Balise 6 -- parallel grouped-query attention: heads split, one all-reduce per forward
 # ===================================================================================================
 class ParallelAttention(nn.Module):
-    """From a :class:`dlo.llama.Attention`: rank r owns query heads [r*h/tp, (r+1)*h/tp) and K/V heads
+    """From a :class:`dlo.models.llama.Attention`: rank r owns query heads [r*h/tp, (r+1)*h/tp) and K/V heads
     [r*kv/tp, (r+1)*kv/tp) -- column-parallel q/k/v_proj (their rows are grouped by head), row-parallel
     o_proj. Raise a clear ValueError when tp does not divide num_heads or num_kv_heads (use _divisible).
     Rotary embeddings and attention are per head: use apply_rotary and causal_attention unchanged."""
@@ -256,7 +257,7 @@ class TPDecoderBlock(nn.Module):
 
 
 class TPLlama(nn.Module):
-    """:class:`dlo.llama.Llama` split over ``group``, with the SAME parameter names: ``embed_tokens``
+    """:class:`dlo.models.llama.Llama` split over ``group``, with the SAME parameter names: ``embed_tokens``
     (vocab-parallel), ``layers`` (TPDecoderBlock), ``norm`` (replicated copy), ``lm_head`` (column-parallel,
     output left split over the vocabulary; tied to ``embed_tokens.weight`` when ``cfg.tie_embeddings``)."""
 

@@ -1,7 +1,7 @@
 """FSDP2 and DeepSpeed ZeRO helpers: the reference implementation of the tp_fsdp workshop.
 
 DDP keeps a full copy of the weights, gradients and optimizer states on every GPU: 16 bytes per parameter
-with AdamW, 51 GB for Llama 3.2 3B before a single activation (``dlo.memory``). **FSDP** (fully sharded
+with AdamW, 51 GB for Llama 3.2 3B before a single activation (``dlo.measure.memory``). **FSDP** (fully sharded
 data parallelism, ZeRO-3) keeps only ``1/N`` of each on each of ``N`` GPUs and all-gathers one decoder
 layer's weights just before that layer runs (forward and again in backward), then frees them; gradients are
 reduce-scattered, so each rank ends with the averaged gradient of *its* shard and updates only that shard.
@@ -18,7 +18,7 @@ This module holds the pieces the workshop script (``tp_fsdp/fsdp_train.py``) is 
 * wrapping: :func:`wrap_ddp`, :func:`apply_fsdp`, :func:`mixed_precision`, :func:`offload_policy`,
   :func:`apply_activation_checkpointing`, :func:`compile_layers`;
 * training: :func:`lm_loss`, :func:`batches`, :func:`train_steps` (timed steps, peak memory, losses),
-  :func:`throughput` (tokens/s and MFU through :mod:`dlo.flops`);
+  :func:`throughput` (tokens/s and MFU through :mod:`dlo.measure.flops`);
 * sharded checkpoints: :func:`save_sharded`, :func:`load_sharded` (``torch.distributed.checkpoint``);
 * DeepSpeed ZeRO: :func:`deepspeed_config`, :func:`deepspeed_initialize`.
 """
@@ -36,7 +36,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..memory import LLAMA_3_2_3B, TINY_LLAMA, TransformerConfig
+from dlo.models.config import LLAMA_3_2_3B, TINY_LLAMA, TransformerConfig
+from dlo.data.tokens import rank_loader
+from dlo.measure.bench import PeakMemory
+from dlo.runtime.device import synchronize
+from dlo.measure.flops import flops_per_token, gpu_peak, mfu
+from dlo.runtime.validate import per_rank_batch
+from dlo.runtime.compat import import_deepspeed
 
 __all__ = ["SMOKE_LLAMA", "MODEL_CONFIGS", "model_config", "build_llama", "decoder_layers", "lm_loss", "wrap_ddp",
            "PRECISIONS", "mixed_precision", "offload_policy", "apply_activation_checkpointing", "compile_layers",
@@ -62,7 +68,6 @@ def build_llama(cfg: TransformerConfig, *, model_path: str | os.PathLike | None 
                 attn_implementation: str = "sdpa") -> nn.Module:
     """transformers' ``LlamaForCausalLM``: random init from ``cfg`` (seeded: identical on every rank), or the
     weights of a local ``model_path`` (``from_pretrained``, no hub access; ``cfg`` is then ignored)."""
-    import dlo  # noqa: F401  (torchvision shim before transformers)
     from transformers import LlamaForCausalLM
 
     if model_path is not None:
@@ -90,7 +95,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (labels already shifted by :mod:`dlo.tokens`), in fp32.
+    """Mean next-token cross-entropy (labels already shifted by :mod:`dlo.data.tokens`), in fp32.
 
     Not divided by the world size: DDP, FSDP and DeepSpeed already *average* the gradients over the ranks."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
@@ -129,7 +134,7 @@ def mixed_precision(precision: str):
 
 
 def memory_precision(precision: str) -> str:
-    """The ``dlo.memory`` precision name that describes a run in ``precision``."""
+    """The ``dlo.measure.memory`` precision name that describes a run in ``precision``."""
     return "fp32" if precision == "fp32" else "bf16_mixed"
 
 
@@ -201,7 +206,6 @@ def batches(dataset, global_batch: int, rank: int, world_size: int, *, seed: int
             device: torch.device | str = "cpu") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Endless ``(input_ids, labels)`` batches of this rank, epoch after epoch, from step ``start_step`` on
     (a resumed run sees exactly the batches it would have seen without stopping)."""
-    from ..tokens import rank_loader
 
     step = 0
     for epoch in itertools.count():
@@ -215,11 +219,10 @@ def train_steps(model: nn.Module, optimizer, data: Iterator, steps: int, *, devi
                 engine=None, warmup: int = 1, track_memory: bool = True, loss_scale: float = 1.0,
                 progress: str | None = None) -> dict[str, Any]:
     """Run ``steps`` optimizer steps; returns ``losses`` (this rank's), ``step_times_s`` (synchronised),
-    ``median_step_s`` (after ``warmup`` steps) and ``peak_memory_bytes`` (``dlo.bench.PeakMemory``).
+    ``median_step_s`` (after ``warmup`` steps) and ``peak_memory_bytes`` (``dlo.measure.bench.PeakMemory``).
 
     ``engine``: a DeepSpeed engine (``engine.backward`` / ``engine.step`` replace ``loss.backward`` and
     ``optimizer.step``). ``loss_scale`` exists for the tests of the "divided by world size" pitfall only."""
-    from ..bench import PeakMemory, synchronize
 
     device = torch.device(device)
     losses, times = [], []
@@ -259,9 +262,8 @@ class _Null:
 
 def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_step_s: float,
                device: torch.device | str, n_devices: int = 1) -> dict[str, Any]:
-    """tokens/s of the whole run and MFU (``dlo.flops``: ``6N + 12·L·H·S``, non-embedding N) per GPU;
+    """tokens/s of the whole run and MFU (``dlo.measure.flops``: ``6N + 12·L·H·S``, non-embedding N) per GPU;
     MFU is None on a CPU or an unknown GPU (no reference peak)."""
-    from ..flops import flops_per_token, gpu_peak, mfu
 
     device = torch.device(device)
     tokens_per_s = global_batch * seq_len / median_step_s
@@ -318,7 +320,6 @@ def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer) -> int:
 
 def deepspeed_config(stage: int, global_batch: int, world_size: int, *, precision: str = "fp32") -> dict[str, Any]:
     """A DeepSpeed JSON config for ZeRO ``stage`` 1 (optimizer states sharded), 2 (+ gradients), 3 (+ weights)."""
-    from ..tokens import per_rank_batch
 
     if stage not in (1, 2, 3):
         raise ValueError(f"ZeRO stage must be 1, 2 or 3, got {stage!r}")
@@ -338,9 +339,8 @@ def deepspeed_config(stage: int, global_batch: int, world_size: int, *, precisio
 def deepspeed_initialize(model: nn.Module, optimizer, config: dict[str, Any]):
     """``deepspeed.initialize`` with a torch optimizer (nothing JIT-compiled); returns the engine.
 
-    The process group must exist already (``dlo.env.init_distributed``). On a CPU, DeepSpeed would
+    The process group must exist already (``dlo.runtime.distributed.init_distributed``). On a CPU, DeepSpeed would
     JIT-compile a shared-memory collective (~2 min of C++ on 2 cores): it is switched off, gloo is used."""
-    from .._compat import import_deepspeed
 
     deepspeed = import_deepspeed()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..llama import Llama, lm_loss, rotary_cos_sin
+from dlo.models.llama import Llama, lm_loss, rotary_cos_sin
 
 SCHEDULE_NAMES = ("naive", "afab", "1f1b", "interleaved")
 
@@ -137,7 +137,7 @@ def split_layers(num_layers: int, num_stages: int, *, by: str = "layers", layer_
 
 
 class Stage(nn.Module):
-    """One piece of a :class:`~dlo.llama.Llama`: the embedding if it is the first piece, some decoder
+    """One piece of a :class:`~dlo.models.llama.Llama`: the embedding if it is the first piece, some decoder
     blocks, the final norm + LM head if it is the last. Its modules *are* the model's (shared, not copied),
     and its parameter names are the model's (``layers.3.mlp.up_proj.weight``), so gradients compare by name.
 
@@ -180,7 +180,7 @@ class Stage(nn.Module):
 def split_model(model: Llama, num_stages: int, *, by: str = "layers") -> list[Stage]:
     """All the stages of ``model`` (stage ``k`` for rank ``k``; use :func:`build_stage` for one)."""
     if not isinstance(model, Llama):
-        raise ValueError(f"split_model cuts a dlo.llama.Llama, got {type(model).__name__}")
+        raise ValueError(f"split_model cuts a dlo.models.llama.Llama, got {type(model).__name__}")
     if model.cfg.tie_embeddings and num_stages > 1:
         raise ValueError("tied embeddings live on the first and the last stage at once (their gradients would need "
                          "an extra all-reduce between them): build the model with tie_embeddings=False")

@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism of :class:`dlo.llama.Llama`, from scratch, plus DTensor's version.
+"""Megatron-style tensor parallelism of :class:`dlo.models.llama.Llama`, from scratch, plus DTensor's version.
 
 Each rank of a tensor-parallel (TP) group of ``tp`` processes holds a *slice* of every big matrix:
 
@@ -31,9 +31,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..llama import Attention, Llama, SwiGLU, apply_rotary, causal_attention, lm_loss, rotary_cos_sin
-from . import comm
-from .comm import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region
+from dlo.models.llama import Attention, Llama, SwiGLU, apply_rotary, causal_attention, lm_loss, rotary_cos_sin
+from dlo.parallel import comm
+from dlo.parallel.comm import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region
 
 
 def _divisible(what: str, n: int, tp: int, where: str) -> None:
@@ -173,7 +173,7 @@ def _replicated(module: nn.Module) -> nn.Module:
 
 
 class TPDecoderBlock(nn.Module):
-    """The pre-norm block of :class:`dlo.llama.DecoderBlock` with parallel attention and MLP; the norms
+    """The pre-norm block of :class:`dlo.models.llama.DecoderBlock` with parallel attention and MLP; the norms
     are replicated (their inputs are full on every rank, their gradients too, thanks to "f")."""
 
     def __init__(self, full: nn.Module, group=None) -> None:
@@ -213,7 +213,7 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
 
 
 class TPLlama(nn.Module):
-    """:class:`dlo.llama.Llama` split over the ranks of ``group`` (all processes by default), sliced from the
+    """:class:`dlo.models.llama.Llama` split over the ranks of ``group`` (all processes by default), sliced from the
     full model ``full`` (same parameter names). ``forward`` returns the gathered logits; :meth:`loss` uses
     the vocab-parallel cross-entropy (``vocab_parallel=False``: gathered logits + ``F.cross_entropy``)."""
 

@@ -1,0 +1,207 @@
+"""Checkers of Jour2/ddp_train.py (``dlo check ddp <step>``): the script's functions, called on small inputs.
+
+Most run in this process: a "distributed" context is faked with a :class:`~dlo.runtime.distributed.DistContext` (rank,
+world size) and, where DDP itself is needed, a one-process gloo group. The ``reduce`` step needs real
+peers: it starts 2 processes with :func:`dlo.runtime.launch.launch` and each calls the student's function.
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.runtime.distributed import DistContext
+from dlo.runtime.launch import LaunchError, launch
+from dlo.runtime.records import read_records
+
+SCRIPT = "Jour2/ddp_train.py"
+WORKER = Path(__file__).with_name("ddp_worker.py")
+
+
+def fake_context(rank: int = 0, world_size: int = 1, local_rank: int | None = None) -> DistContext:
+    """A DistContext as torchrun would describe process ``rank`` of ``world_size`` (4 per node)."""
+    local = rank % 4 if local_rank is None else local_rank
+    return DistContext(rank=rank, local_rank=local, world_size=world_size, local_world_size=min(world_size, 4),
+                       master_addr="127.0.0.1", master_port=29500, source="torchrun" if world_size > 1 else "single")
+
+
+@contextlib.contextmanager
+def one_process_group():
+    """A gloo process group of world size 1 in this process (enough to build a DDP wrapper)."""
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", store=dist.FileStore(str(Path(tmp) / "store"), 1), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+class _BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
+
+
+@register("ddp", "device", ("rank_device",), SCRIPT)
+def _check_device(rank_device: Callable) -> str:
+    ctx = fake_context(rank=5, world_size=8)  # second node, local rank 1
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        dev = rank_device(ctx)
+    expect(isinstance(dev, torch.device) and dev.type == "cpu", f"without GPUs return torch.device('cpu'), got {dev!r}")
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.device_count", return_value=4):
+        dev = rank_device(ctx)
+    expect(isinstance(dev, torch.device) and dev.type == "cuda",
+            f"with GPUs return a CUDA device, got {dev!r}")
+    expect(dev.index == ctx.local_rank,
+            f"rank 5 of 8 (4 GPUs per node) must use cuda:{ctx.local_rank} (its local_rank), got {dev}: "
+            "the global rank points past the node's last GPU")
+    return "one GPU per process, chosen by local_rank; CPU otherwise"
+
+
+@register("ddp", "wrap", ("wrap_model",), SCRIPT)
+def _check_wrap(wrap_model: Callable) -> str:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cpu = torch.device("cpu")
+    single = wrap_model(_BNNet(), fake_context(), cpu)
+    expect(not isinstance(single, DDP), "with one process (ctx.is_distributed False) return the model, unwrapped")
+    synced = wrap_model(_BNNet(), fake_context(), cpu, sync_bn=True)
+    expect(any(isinstance(m, nn.SyncBatchNorm) for m in synced.modules()),
+            "sync_bn=True: convert with nn.SyncBatchNorm.convert_sync_batchnorm(model) (before wrapping)")
+    with one_process_group():
+        wrapped = wrap_model(_BNNet(), fake_context(0, 2), cpu, bucket_cap_mb=1.0, find_unused_parameters=True)
+        expect(isinstance(wrapped, DDP), "with several processes wrap the model in DistributedDataParallel")
+        expect(wrapped.device_ids is None, "on the CPU pass device_ids=None (device_ids=[i] is for one GPU per process)")
+        expect(wrapped.find_unused_parameters, "pass find_unused_parameters on to DDP")
+        expect(wrapped.bucket_bytes_cap == 1024 * 1024, "pass bucket_cap_mb on to DDP")
+        plain = wrap_model(_BNNet(), fake_context(0, 2), cpu)
+        expect(not any(isinstance(m, nn.SyncBatchNorm) for m in plain.modules()),
+                "keep plain BatchNorm unless sync_bn=True (SyncBatchNorm costs one all-reduce per layer)")
+        # (DDP refuses SyncBatchNorm on CPU modules, so sync_bn=True under DDP cannot be built here)
+    return "DDP when distributed, SyncBatchNorm on request, options passed on"
+
+
+@register("ddp", "shard", ("make_train_loader",), SCRIPT)
+def _check_shard(make_train_loader: Callable) -> str:
+    dataset = TensorDataset(torch.arange(40))
+    seen: list[list[int]] = []
+    for rank in (0, 1):
+        loader, sampler = make_train_loader(dataset, fake_context(rank, 2), 8, seed=3)
+        expect(isinstance(sampler, DistributedSampler), "return a torch.utils.data.DistributedSampler as the sampler")
+        expect(sampler.num_replicas == 2 and sampler.rank == rank,
+                "give the sampler num_replicas=ctx.world_size and rank=ctx.rank (the process group may not exist yet)")
+        expect(loader.sampler is sampler, "pass the sampler to the DataLoader (sampler=...)")
+        expect(loader.batch_size == 4, f"each of 2 ranks loads global_batch / world_size = 4 images, got {loader.batch_size}")
+        seen.append([int(i) for (batch,) in loader for i in batch])
+    expect(not set(seen[0]) & set(seen[1]), "the two ranks' shards overlap: use the same seed on every rank")
+    expect(sorted(seen[0] + seen[1]) == list(range(40)), "together the shards must cover the dataset once per epoch")
+    expect(seen[0] != sorted(seen[0]), "shuffle=True: the order should be random")
+    try:
+        make_train_loader(dataset, fake_context(0, 2), 9)
+    except ValueError:
+        pass
+    else:
+        raise CheckFailed("a global batch of 9 on 2 ranks must raise ValueError (use dlo.parallel.ddp.per_rank_batch)")
+    return "disjoint shards covering the data, per-rank batch = global / world size"
+
+
+class _RecordingSampler(DistributedSampler):
+    def __init__(self, dataset) -> None:
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
+        self.calls: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.calls.append(epoch)
+        super().set_epoch(epoch)
+
+
+@register("ddp", "epoch", ("train_epoch",), SCRIPT)
+def _check_epoch(train_epoch: Callable) -> str:
+    g = torch.Generator().manual_seed(0)
+    dataset = TensorDataset(torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g))
+    sampler = _RecordingSampler(dataset)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
+    torch.manual_seed(0)
+    model = nn.Linear(5, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = train_epoch(model, loader, sampler, 3, opt, nn.CrossEntropyLoss(), torch.device("cpu"), show_bar=False)
+    expect(sampler.calls == [3], f"call sampler.set_epoch(epoch) once at the start of the epoch (calls seen: {sampler.calls})")
+    expect(int(out[2]) == 12, "the epoch must still go through every batch")
+    return "set_epoch(epoch) gives each epoch its own shuffle, identical on all ranks"
+
+
+@register("ddp", "reduce", ("reduce_metrics",), SCRIPT)
+def _check_reduce(reduce_metrics: Callable) -> str:
+    if not dist.is_initialized():  # one process: the local numbers are the global ones
+        got = reduce_metrics(torch.tensor(5.0, dtype=torch.float64), torch.tensor(4), torch.tensor(10))
+        expect(isinstance(got, dict) and abs(got.get("loss", -1) - 0.5) < 1e-9 and abs(got.get("accuracy", -1) - 0.4) < 1e-9,
+                f"one process (no process group): expected loss 0.5, accuracy 0.4, got {got!r}")
+    script = Path(reduce_metrics.__code__.co_filename)
+    expect(script.suffix == ".py" and script.is_file(),
+            "reduce_metrics must be defined in a script file (ddp_train.py) so that 2 processes can import it")
+
+    try:
+        records = launch(WORKER, [str(script), "reduce_metrics"], nproc=2, timeout_s=600, echo=False,
+                         env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+    except LaunchError as exc:
+        # Both ranks may have answered before one of them died while shutting down (a crash at exit of a
+        # gloo thread under heavy load): their answers are what is checked, so use them if complete.
+
+        try:
+            records = read_records(exc.records_dir) if exc.records_dir else []
+        except ValueError:  # a half-written record: the run really failed
+            records = []
+        if sorted(r.get("rank") for r in records) != [0, 1]:
+            raise CheckFailed(f"the 2-process run failed: {exc.last_line}") from None
+    errors = [r["error"] for r in records if "error" in r]
+    if any(e.startswith("NotImplementedError") for e in errors):
+        raise NotImplementedError(errors[0].split(":", 1)[-1].strip())
+    expect(not errors, f"reduce_metrics raised on 2 processes: {errors[0] if errors else ''}")
+    # rank 0: loss sum 5 over 10 images, 4 right; rank 1: loss sum 40 over 30 images, 27 right
+    for r in records:
+        got = r["result"]
+        expect(abs(got.get("loss", -1) - 45 / 40) < 1e-9,
+                f"rank {r['rank']}: global loss is (5 + 40) / (10 + 30) = 1.125, got {got.get('loss')} "
+                "(averaging the ranks' means is wrong when shards differ in size)")
+        expect(abs(got.get("accuracy", -1) - 31 / 40) < 1e-9,
+                f"rank {r['rank']}: global accuracy is (4 + 27) / 40 = 0.775, got {got.get('accuracy')}")
+    return "sums all-reduced over the ranks, then divided: the same global numbers on every rank"
+
+
+@register("ddp", "checkpoint", ("save_on_main",), SCRIPT)
+def _check_checkpoint(save_on_main: Callable) -> str:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "ckpt.pt"
+        model = _BNNet()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = save_on_main(fake_context(1, 2), path, model, opt, 1)
+        expect(not path.exists() and out is None, "rank 1 must not write the checkpoint (only rank 0 does)")
+        with one_process_group():
+            wrapped = DDP(model)
+            out = save_on_main(fake_context(0, 1), path, wrapped, opt, 1)
+        expect(path.is_file(), "rank 0 must write the checkpoint at `path`")
+        state: Any = torch.load(path, map_location="cpu", weights_only=False)
+        weights = state.get("model", state) if isinstance(state, dict) else None
+        expect(isinstance(weights, dict) and not any(k.startswith("module.") for k in weights),
+                "save the unwrapped model (keys without 'module.'): use dlo.training.checkpoint.save_checkpoint, which unwraps DDP")
+        fresh = _BNNet()
+        fresh.load_state_dict(weights)
+    return "rank 0 writes a checkpoint that loads into a plain model; other ranks wait"

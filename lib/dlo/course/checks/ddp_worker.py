@@ -1,0 +1,32 @@
+"""Worker started by the ``ddp`` checkers: each rank imports the student's script and calls one function.
+
+Usage (through dlo.runtime.launch.launch): ``ddp_worker.py SCRIPT FUNCTION``. Writes one record per rank:
+``{"result": ...}`` or ``{"error": "ExceptionType: message"}`` (an exception is reported, not raised, so
+that an unfinished exercise reads as "not implemented yet" rather than as a crashed run).
+"""
+import sys
+
+import torch
+
+import dlo  # noqa: F401
+from dlo.course.checks.framework import load_exercises
+from dlo.runtime.distributed import init_distributed, teardown
+from dlo.runtime.records import write_record
+
+script, function = sys.argv[1], sys.argv[2]
+# gloo on CPU tensors even on a GPU node: the check is about the arithmetic, not the transport;
+# a peer that dies makes torchrun stop the other; the timeout only bounds a peer that hangs
+ctx = init_distributed(backend="gloo", device="cpu", timeout_s=300)
+try:
+    fn = load_exercises(script)[function]
+    if function == "reduce_metrics":
+        loss_sum, correct, count = [(5.0, 4, 10), (40.0, 27, 30)][ctx.rank]
+        result = fn(torch.tensor(loss_sum, dtype=torch.float64), torch.tensor(correct), torch.tensor(count))
+        result = {k: float(v) for k, v in dict(result).items()}
+    else:
+        raise ValueError(f"no 2-process check for {function!r}")
+    write_record({"result": result})
+except Exception as exc:  # noqa: BLE001 - reported to the checker
+    write_record({"error": f"{type(exc).__name__}: {exc}"})
+finally:
+    teardown()

@@ -1,0 +1,113 @@
+"""Exercise checkers: each one calls the student's function on small inputs and checks its *behaviour*.
+
+In a notebook, the cell after an exercise runs ``check("jour1", "amp", globals())``: it prints a line
+starting with "PASSED" or raises :class:`CheckFailed` with a hint. From a terminal,
+``dlo check jour1 amp`` loads the exercise cells of the student notebook (cells tagged ``setup`` and
+``exercise``) and runs the same checker.
+
+A checker must fail on the generated stub (which raises NotImplementedError) and pass on the solution;
+tests/test_checks.py verifies both for every step.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+
+from dlo.runtime.paths import ROOT
+
+
+class CheckFailed(AssertionError):
+    """The answer is not right yet; the message says what was expected."""
+
+
+@dataclass(frozen=True)
+class Check:
+    course: str
+    step: str
+    functions: tuple[str, ...]
+    run: Callable[..., str]
+    notebook: str  # source notebook, relative to the project root
+
+    @property
+    def student_notebook(self) -> Path:
+        src = ROOT / self.notebook
+        return src.parent / "student" / src.name
+
+
+REGISTRY: dict[str, dict[str, Check]] = {}
+
+
+def register(course: str, step: str, functions: tuple[str, ...], notebook: str):
+    def deco(fn: Callable[..., str]) -> Callable[..., str]:
+        REGISTRY.setdefault(course, {})[step] = Check(course, step, functions, fn, notebook)
+        return fn
+
+    return deco
+
+
+def expect(cond: bool, message: str) -> None:
+    if not cond:
+        raise CheckFailed(message)
+
+
+def check(course: str, step: str, namespace: dict[str, Any] | None = None, **functions: Callable) -> str:
+    """Run the checker of ``course``/``step`` on functions found in ``namespace`` (e.g. ``globals()``)."""
+    if course not in REGISTRY:
+        raise ValueError(f"unknown course {course!r}: choose one of {', '.join(sorted(REGISTRY))}")
+    if step not in REGISTRY[course]:
+        raise ValueError(f"unknown step {step!r} for {course}: choose one of {', '.join(REGISTRY[course])}")
+    chk = REGISTRY[course][step]
+    ns = dict(namespace or {}, **functions)
+    missing = [f for f in chk.functions if f not in ns]
+    if missing:
+        raise CheckFailed(f"{course}/{step}: define {', '.join(missing)} first (run its exercise cell)")
+    try:  # the student's prints on the checker's fake inputs (e.g. simulated OOMs) would only confuse
+        with contextlib.redirect_stdout(io.StringIO()):
+            detail = chk.run(*(ns[f] for f in chk.functions))
+    except NotImplementedError as exc:
+        raise CheckFailed(f"{course}/{step}: not implemented yet -- {exc}") from None
+    except CheckFailed as exc:
+        raise CheckFailed(f"{course}/{step}: {exc}") from None
+    message = f"PASSED {course}/{step}: {detail}"
+    print(message)
+    return message
+
+
+def load_exercises(notebook: str | os.PathLike) -> dict[str, Any]:
+    """Execute a notebook's ``setup`` and ``exercise`` cells (imports and function definitions only).
+
+    A course script (``.py``) is executed whole as a module named ``__exercises__``: its
+    ``if __name__ == "__main__":`` part does not run, so only its imports and definitions happen.
+    """
+    if Path(notebook).suffix == ".py":
+        path = Path(notebook).resolve()  # checkers may start processes that import the same file
+        ns = {"__name__": "__exercises__", "__file__": str(path)}
+        exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102 - course code
+        return ns
+    nb = json.loads(Path(notebook).read_text())
+    ns: dict[str, Any] = {"__name__": "__exercises__"}
+    for cell in nb["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] == "code" and ({"setup", "exercise"} & set(tags)):
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            exec(compile(src, f"{Path(notebook).name}:{tags}", "exec"), ns)  # noqa: S102 - course code
+    return ns
+
+
+def check_notebook(course: str, step: str, notebook: str | os.PathLike | None = None) -> str:
+    """``dlo check``: run a step's checker on the exercise cells of a notebook (default: the student one)."""
+    if course not in REGISTRY or step not in REGISTRY[course]:
+        return check(course, step, {})  # raises the one-line "unknown ..." error
+    path = Path(notebook) if notebook else REGISTRY[course][step].student_notebook
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook or script at {path}: run `make student` or pass --notebook PATH")
+    return check(course, step, load_exercises(path))
+
+
+# The other courses' checkers (``checks_*.py`` modules next to this one) register themselves on import.

@@ -1,0 +1,189 @@
+"""Checkers of tp_fsdp/fsdp_train.py (``dlo check fsdp <step>``): the script's functions on a small Llama.
+
+All run in this process: a one-process gloo group is enough to build FSDP2 units (``fully_shard``), save and
+load sharded checkpoints; the results are compared with the reference in :mod:`dlo.parallel.fsdp`.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.ddp import fake_context, one_process_group
+from dlo.parallel.fsdp import is_resharded_after_forward
+from dlo.parallel import fsdp
+
+SCRIPT = "tp_fsdp/fsdp_train.py"
+
+
+def _tiny():
+
+    return fsdp.build_llama(fsdp.SMOKE_LLAMA, seed=0)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+
+
+@register("fsdp", "ddp", ("wrap_ddp",), SCRIPT)
+def _check_ddp(wrap_ddp: Callable) -> str:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    single = wrap_ddp(_tiny(), fake_context(), torch.device("cpu"))
+    expect(not isinstance(single, DDP), "with one process (ctx.is_distributed False) return the model itself")
+    with one_process_group():
+        wrapped = wrap_ddp(_tiny(), fake_context(0, 2), torch.device("cpu"))
+        expect(isinstance(wrapped, DDP), "with several processes wrap the model in DistributedDataParallel")
+        expect(wrapped.device_ids is None, "on the CPU pass device_ids=None")
+    return "DDP replicates the whole model: the baseline whose memory the calculator predicts"
+
+
+def _units(model) -> tuple[list, object]:
+    from torch.distributed.fsdp import FSDPModule
+
+    layers = list(model.model.layers)
+    expect(all(isinstance(layer, FSDPModule) for layer in layers),
+            "call fully_shard on every decoder layer (model.model.layers), one FSDP unit each")
+    expect(isinstance(model, FSDPModule), "call fully_shard on the root model last (embeddings, norm, head)")
+    return layers, model
+
+
+@register("fsdp", "fsdp", ("apply_fsdp",), SCRIPT)
+def _check_fsdp(apply_fsdp: Callable) -> str:
+    ids = _ids()
+    expected = _tiny()(input_ids=ids).logits
+    with one_process_group():
+        model = apply_fsdp(_tiny())
+        layers, root = _units(model)
+        root_params = {id(p) for p in root._get_fsdp_state()._fsdp_param_group.fsdp_params}
+        layer_params = [{id(fp) for fp in layer._get_fsdp_state()._fsdp_param_group.fsdp_params} for layer in layers]
+        expect(not any(lp & root_params for lp in layer_params),
+                "shard the layers FIRST, then the root: otherwise the root unit owns every parameter "
+                "(one giant all-gather, no per-layer overlap)")
+        expect(all(type(p).__name__ == "DTensor" for p in model.parameters()),
+                "every parameter should be a sharded DTensor after fully_shard")
+        got = model(input_ids=ids).logits
+        torch.testing.assert_close(got, expected, msg="the sharded model must compute what the plain model computes")
+    return "one FSDP unit per decoder layer plus the root: all-gathered one layer at a time"
+
+
+@register("fsdp", "precision", ("mixed_precision_policy",), SCRIPT)
+def _check_precision(mixed_precision_policy: Callable) -> str:
+    expect(mixed_precision_policy("fp32") is None, "fp32: return None (no mixed precision policy)")
+    mp = mixed_precision_policy("bf16")
+    expect(getattr(mp, "param_dtype", None) == torch.bfloat16,
+            "bf16: param_dtype=torch.bfloat16 (the all-gathered weights used to compute)")
+    expect(getattr(mp, "reduce_dtype", None) == torch.float32,
+            "bf16: reduce_dtype=torch.float32 (gradients summed over ranks in fp32, not in bf16)")
+    try:
+        mixed_precision_policy("fp8")
+    except ValueError:
+        pass
+    else:
+        raise CheckFailed("an unknown precision name must raise ValueError")
+    return "bf16 compute and all-gathers, fp32 gradient reduction and fp32 sharded weights"
+
+
+@register("fsdp", "checkpointing", ("apply_activation_checkpointing",), SCRIPT)
+def _check_checkpointing(apply_activation_checkpointing: Callable) -> str:
+    ids = _ids()
+    ref = _tiny()
+    model = apply_activation_checkpointing(_tiny())
+    expect(model is not None, "return the model")
+    expect(all(type(layer).__name__ == "CheckpointWrapper" for layer in model.model.layers),
+            "wrap every decoder layer with checkpoint_wrapper (and put it back in model.model.layers)")
+    out, expected = model(input_ids=ids).logits, ref(input_ids=ids).logits
+    torch.testing.assert_close(out, expected, msg="checkpointing must not change the result")
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(model.model.layers[0].mlp.down_proj.weight.grad, ref.model.layers[0].mlp.down_proj.weight.grad,
+                               msg="nor the gradients")
+    return "each layer keeps its input only and recomputes the rest in backward"
+
+
+@register("fsdp", "reshard", ("apply_fsdp",), SCRIPT)
+def _check_reshard(apply_fsdp: Callable) -> str:
+
+    with one_process_group():
+        kept = apply_fsdp(_tiny(), reshard_after_forward=False)
+        expect(not any(is_resharded_after_forward(layer) for layer in kept.model.layers),
+                "reshard_after_forward=False must reach every layer's fully_shard call")
+        freed = apply_fsdp(_tiny(), reshard_after_forward=True)
+        expect(all(is_resharded_after_forward(layer) for layer in freed.model.layers),
+                "reshard_after_forward=True: each layer frees its gathered weights after forward")
+    return "True frees each layer's weights after forward (re-gathered in backward); False keeps them"
+
+
+@register("fsdp", "offload", ("offload_policy",), SCRIPT)
+def _check_offload(offload_policy: Callable) -> str:
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    off = offload_policy(torch.device("cpu"), False)
+    expect(type(off) is OffloadPolicy, f"not enabled: return OffloadPolicy() (no offload), got {off!r}")
+    on = offload_policy(torch.device("cuda", 0), True)
+    expect(isinstance(on, CPUOffloadPolicy), "enabled on a GPU: return CPUOffloadPolicy(...)")
+    expect(on.pin_memory, "pin_memory=True: page-locked CPU memory copies to and from the GPU faster")
+    try:
+        offload_policy(torch.device("cpu"), True)
+    except ValueError:
+        pass
+    else:
+        raise CheckFailed("offload asked while training on the CPU must raise ValueError (nothing to offload)")
+    return "sharded state in CPU memory on GPUs; a clear error where it cannot apply"
+
+
+@register("fsdp", "compile", ("compile_layers",), SCRIPT)
+def _check_compile(compile_layers: Callable) -> str:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    model = compile_layers(_tiny())
+    expect(model is not None, "return the model")
+    ok = all(isinstance(layer, OptimizedModule) or getattr(layer, "_compiled_call_impl", None) is not None
+             for layer in model.model.layers)
+    expect(ok, "compile every decoder layer (layer.compile()), not the whole model")
+    expect(not isinstance(model, OptimizedModule), "compile the layers, not the root (FSDP wraps the root next)")
+    return "each decoder layer compiled in place; FSDP's per-layer hooks stay outside the graphs"
+
+
+@register("fsdp", "dcp", ("save_checkpoint", "load_checkpoint"), SCRIPT)
+def _check_dcp(save_checkpoint: Callable, load_checkpoint: Callable) -> str:
+
+    with one_process_group(), tempfile.TemporaryDirectory() as tmp:
+        model = fsdp.apply_fsdp(_tiny())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        fsdp.lm_loss(model(input_ids=_ids()).logits, _ids()).backward()
+        opt.step()
+        save_checkpoint(Path(tmp) / "ckpt", model, opt, 7)
+        expect((Path(tmp) / "ckpt").is_dir(), "write the checkpoint with dcp.save(..., checkpoint_id=str(path))")
+        other = fsdp.apply_fsdp(fsdp.build_llama(fsdp.SMOKE_LLAMA, seed=5))
+        other_opt = torch.optim.AdamW(other.parameters(), lr=1e-3)
+        step = load_checkpoint(Path(tmp) / "ckpt", other, other_opt)
+        expect(step == 7, f"return the saved step (7), got {step!r}")
+        for (k, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
+            expect(torch.equal(a.full_tensor(), b.full_tensor()), f"weights differ after loading: {k}")
+        sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
+        expect(len(sb) == len(sa) and all(torch.equal(sa[i]["exp_avg"].full_tensor(), sb[i]["exp_avg"].full_tensor())
+                                           for i in sa), "the optimizer state (AdamW moments) must be restored too")
+    return "each rank saves and loads its own shards; weights and AdamW state restored bit for bit"
+
+
+@register("fsdp", "deepspeed", ("deepspeed_config",), SCRIPT)
+def _check_deepspeed(deepspeed_config: Callable) -> str:
+    for stage in (1, 2, 3):
+        cfg = deepspeed_config(stage, 8, 2)
+        expect(cfg.get("zero_optimization", {}).get("stage") == stage, "zero_optimization: {'stage': stage}")
+        expect(cfg.get("train_batch_size") == 8, "train_batch_size is the global batch")
+        expect(cfg.get("train_micro_batch_size_per_gpu") == 4, "train_micro_batch_size_per_gpu = global batch / world size")
+        expect(cfg.get("gradient_accumulation_steps") == 1, "gradient_accumulation_steps: 1")
+    expect(deepspeed_config(3, 8, 2, "bf16").get("bf16", {}).get("enabled") is True, "bf16: {'enabled': True} for bf16")
+    expect(deepspeed_config(3, 8, 2).get("bf16", {}).get("enabled") is False, "bf16 disabled for fp32")
+    for bad in ((4, 8, 2), (1, 5, 2)):
+        try:
+            deepspeed_config(*bad)
+        except ValueError:
+            continue
+        raise CheckFailed(f"deepspeed_config{bad} must raise ValueError (stage 1-3; world size must divide the batch)")
+    return "ZeRO stage, global and per-rank batch in one JSON config"

@@ -1,0 +1,115 @@
+"""Checkers of the JIT and compilation notebook (Jour3/jit.ipynb), course ``jit``.
+
+Both stay fast on a CPU: ``graph_break`` uses ``torch._dynamo.explain`` (graph capture only, no code
+generation) and ``compiled_step`` passes a recording backend to the student's ``torch.compile`` call, so
+Dynamo captures the graphs and nothing is compiled to machine code.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.lessons.jit import captured_warnings
+
+JIT_NB = "Jour3/jit.ipynb"
+
+
+def _clip_reference(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+    norm = torch.linalg.vector_norm(x)
+    if norm.item() > max_norm:
+        return x * (max_norm / norm)
+    return x
+
+
+def _close(a: Any, b: torch.Tensor, what: str) -> None:
+    expect(isinstance(a, torch.Tensor), f"{what}: return a tensor, got {type(a).__name__}")
+    expect(a.shape == b.shape, f"{what}: expected shape {tuple(b.shape)}, got {tuple(a.shape)}")
+    try:
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    except AssertionError:
+        raise CheckFailed(f"{what}: wrong values (largest difference {(a - b).abs().max().item():.3g})") from None
+
+
+@register("jit", "graph_break", ("clip_by_norm",), JIT_NB)
+def _check_graph_break(clip_by_norm: Callable) -> str:
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        ("a vector with norm > max_norm (it must be scaled down)", torch.randn(50, generator=g) * 3, 1.0),
+        ("a vector with norm < max_norm (it must come back unchanged)", torch.randn(50, generator=g) * 0.01, 1.0),
+        ("a matrix, max_norm=5", torch.randn(6, 7, generator=g) * 2, 5.0),
+        ("a zero vector", torch.zeros(10), 1.0),
+    ]
+    for what, x, max_norm in cases:
+        x_before = x.clone()
+        out = clip_by_norm(x, max_norm)
+        expect(torch.equal(x, x_before), "do not modify x in place: return a new tensor")
+        _close(out, _clip_reference(x_before, max_norm), f"on {what}")
+    for what, x, max_norm in cases[:2]:
+        with captured_warnings():  # Dynamo logs a warning per graph break: the message below says it
+            explained = torch._dynamo.explain(clip_by_norm)(x.clone(), max_norm)
+        reasons = [str(r.reason).strip().splitlines()[0] for r in explained.break_reasons]
+        expect(explained.graph_break_count == 0 and not reasons,
+                f"on {what}, torch._dynamo.explain still finds {max(explained.graph_break_count, len(reasons))} "
+                f"graph break(s): {'; '.join(reasons) or 'see explain()'} -- no .item(), print or Python `if` on tensor values")
+        expect(explained.graph_count == 1, f"expected the whole function in one graph, explain found {explained.graph_count}")
+    return "same values as the reference on both sides of max_norm, and explain() finds one graph, 0 breaks"
+
+
+def _tiny_run() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _op_names(gm: torch.fx.GraphModule) -> list[str]:
+    return [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+            if n.op in ("call_function", "call_method", "call_module")]
+
+
+@register("jit", "compiled_step", ("make_compiled_step",), JIT_NB)
+def _check_compiled_step(make_compiled_step: Callable) -> str:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    loss_fn = nn.functional.cross_entropy
+
+    ref_model, ref_opt = _tiny_run()
+    ref_losses = []
+    for _ in range(2):
+        loss = loss_fn(ref_model(x), y)
+        ref_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        ref_opt.step()
+        ref_losses.append(loss.detach())
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
+        graphs.append(gm)
+        return gm.forward  # run the captured graph as is: checks the capture, costs no compilation
+
+    model, opt = _tiny_run()
+    step = make_compiled_step(model, opt, loss_fn, backend=recording_backend)
+    expect(callable(step), "return the compiled step: torch.compile(step, **compile_kwargs)")
+    with captured_warnings():  # Dynamo's notes while tracing the optimizer (e.g. record_function ignored)
+        losses = [step(x, y) for _ in range(2)]
+    expect(bool(graphs), "nothing went through torch.compile: return torch.compile(step, **compile_kwargs) "
+                          "(pass compile_kwargs on: the checker gives its own backend)")
+    ops = [name for gm in graphs for name in _op_names(gm)]
+    expect(any("linear" in o for o in ops), "the model's forward pass must run inside the compiled function")
+    expect(any("cross_entropy" in o or "nll_loss" in o for o in ops),
+            "compile the whole step, not just the model: the loss must be computed inside the compiled function")
+    expect(any(o.endswith("add_") or "foreach" in o for o in ops),
+            "call optimizer.step() inside the compiled function (no parameter update was captured)")
+    for i, (got, ref) in enumerate(zip(losses, ref_losses), 1):
+        expect(isinstance(got, torch.Tensor) and got.ndim == 0, f"step {i}: return the loss as a 0-d tensor (no .item())")
+        expect(not got.requires_grad, f"step {i}: return loss.detach() (the caller must not keep the autograd graph)")
+        expect(abs(got.item() - ref.item()) < 1e-5,
+                f"step {i}: loss {got.item():.6f}, eager gives {ref.item():.6f} -- forward, loss, "
+                "zero_grad, backward, optimizer.step, in that order")
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
+        expect(torch.allclose(p.detach(), q.detach(), rtol=1e-5, atol=1e-6),
+                f"after 2 steps parameter {name} differs from eager training (zero the gradients at every step)")
+    return f"forward, loss and optimizer step captured in {len(graphs)} graph(s); 2 steps match eager training"

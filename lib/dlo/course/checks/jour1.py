@@ -1,0 +1,241 @@
+"""Checkers of Jour1/jour1.ipynb.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from dlo.course.checks.framework import expect, register
+
+
+# --------------------------------------------------------------------------------------------------
+# Small helpers shared by the checkers
+# --------------------------------------------------------------------------------------------------
+
+class _Recorder(nn.Module):
+    """A tiny conv net that records the autocast / grad / training state seen during its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 10)
+        self.seen: list[dict[str, Any]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dev = x.device.type
+        self.seen.append({
+            "autocast": torch.is_autocast_enabled(dev),
+            "dtype": torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None,
+            "grad": torch.is_grad_enabled(),
+            "inference": torch.is_inference_mode_enabled(),
+            "training": self.training,
+        })
+        h = torch.relu(self.bn(self.conv(x)))
+        return self.fc(h.mean(dim=(2, 3)))
+
+
+def _batch(n: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _params_changed(model: nn.Module, before: dict[str, torch.Tensor]) -> bool:
+    return any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Jour1
+# --------------------------------------------------------------------------------------------------
+
+J1 = "Jour1/jour1.ipynb"
+
+
+@register("jour1", "device", ("to_device",), J1)
+def _check_to_device(to_device: Callable) -> str:
+    class Spy:
+        def __init__(self) -> None:
+            self.calls: list[tuple[tuple, dict]] = []
+
+        def to(self, *args: Any, **kwargs: Any) -> "Spy":
+            self.calls.append((args, kwargs))
+            return self
+
+    images, labels = Spy(), Spy()
+    device = torch.device("cpu")
+    out = to_device(images, labels, device)
+    expect(isinstance(out, tuple) and len(out) == 2, "return the pair (images, labels)")
+    for name, spy in (("images", images), ("labels", labels)):
+        expect(len(spy.calls) == 1, f"call {name}.to(...) exactly once")
+        args, kwargs = spy.calls[0]
+        target = args[0] if args else kwargs.get("device")
+        expect(target is not None and torch.device(target) == device, f"move {name} to the given device")
+        expect(kwargs.get("non_blocking") is True,
+                f"pass non_blocking=True to {name}.to(): with pinned memory the copy then overlaps GPU work")
+    x, y = _batch()
+    x2, y2 = to_device(x, y, device)
+    expect(torch.equal(x2, x) and torch.equal(y2, y), "the tensors' values must not change")
+    return "both tensors are moved with .to(device, non_blocking=True)"
+
+
+@register("jour1", "amp", ("train_step_amp",), J1)
+def _check_amp(train_step_amp: Callable) -> str:
+    torch.manual_seed(0)
+    model = _Recorder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = _snapshot(model)
+    x, y = _batch()
+    loss = train_step_amp(model, x, y, opt, nn.CrossEntropyLoss(), torch.bfloat16)
+    expect(bool(model.seen), "call the model on the images")
+    seen = model.seen[-1]
+    expect(seen["autocast"], "run the forward pass inside torch.autocast(device_type=..., dtype=dtype)")
+    expect(seen["dtype"] == torch.bfloat16, f"autocast must use the dtype argument (bf16 here), got {seen['dtype']}")
+    expect(isinstance(loss, torch.Tensor) and loss.ndim == 0, "return the loss as a 0-d tensor (no .item())")
+    expect(loss.dtype == torch.float32, "the loss should be float32 (autocast runs cross-entropy in fp32)")
+    expect(_params_changed(model, before), "do the backward pass and the optimizer step (parameters did not change)")
+    expect(all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters()),
+            "gradients of fp32 parameters must stay fp32: only the forward runs under autocast")
+    return "forward under bf16 autocast, fp32 loss and gradients, parameters updated"
+
+
+@register("jour1", "fp16", ("train_step_fp16",), J1)
+def _check_fp16(train_step_fp16: Callable) -> str:
+    calls: list[str] = []
+
+    class SpyScaler(torch.amp.GradScaler):
+        def scale(self, outputs):  # type: ignore[override]
+            calls.append("scale")
+            return super().scale(outputs)
+
+        def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
+            calls.append("step")
+            return super().step(optimizer, *args, **kwargs)
+
+        def update(self, new_scale=None):  # type: ignore[override]
+            calls.append("update")
+            return super().update(new_scale)
+
+    torch.manual_seed(0)
+    model = _Recorder()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = _snapshot(model)
+    x, y = _batch()
+    scaler = SpyScaler("cpu", init_scale=2.0**8)
+    loss = train_step_fp16(model, x, y, opt, nn.CrossEntropyLoss(), scaler)
+    expect(bool(model.seen) and model.seen[-1]["autocast"] and model.seen[-1]["dtype"] == torch.float16,
+            "run the forward pass inside torch.autocast(..., dtype=torch.float16)")
+    expect(calls[:1] == ["scale"], "call scaler.scale(loss).backward() instead of loss.backward()")
+    expect("step" in calls and "update" in calls and calls.index("step") < calls.index("update"),
+            "then scaler.step(optimizer) (not optimizer.step()) and scaler.update(), in that order")
+    expect(isinstance(loss, torch.Tensor), "return the (unscaled) loss tensor")
+    expect(_params_changed(model, before), "the optimizer step did not change the parameters")
+    return "fp16 autocast, scaled backward, scaler.step then scaler.update"
+
+
+@register("jour1", "channels_last", ("to_channels_last",), J1)
+def _check_channels_last(to_channels_last: Callable) -> str:
+    model = _Recorder()
+    x, _ = _batch()
+    out = to_channels_last(model, x)
+    expect(isinstance(out, tuple) and len(out) == 2, "return the pair (model, images)")
+    m, x2 = out
+    cl = torch.channels_last
+    expect(m.conv.weight.is_contiguous(memory_format=cl), "convert the model: model.to(memory_format=torch.channels_last)")
+    expect(x2.is_contiguous(memory_format=cl) and not x2.is_contiguous(),
+            "convert the images too: images.contiguous(memory_format=torch.channels_last)")
+    expect(torch.equal(x2, x), "the values must not change, only the layout")
+    return "model weights and images are NHWC (channels_last) in memory"
+
+
+@register("jour1", "cudnn", ("enable_cudnn_benchmark",), J1)
+def _check_cudnn(enable_cudnn_benchmark: Callable) -> str:
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        enable_cudnn_benchmark()
+        expect(torch.backends.cudnn.benchmark is True, "set torch.backends.cudnn.benchmark = True")
+    finally:
+        torch.backends.cudnn.benchmark = old
+    return "cuDNN will time its convolution algorithms on the first call of each shape and keep the fastest"
+
+
+@register("jour1", "compile", ("compile_model",), J1)
+def _check_compile(compile_model: Callable) -> str:
+    model = _Recorder()
+    compiled = compile_model(model)
+    expect(isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule),
+            "return torch.compile(model) (an OptimizedModule wrapping the model)")
+    expect(getattr(compiled, "_orig_mod", None) is model, "compile the model you were given")
+    return "torch.compile wraps the model; compilation happens lazily at the first call"
+
+
+@register("jour1", "batch_sweep", ("largest_batch",), J1)
+def _check_batch_sweep(largest_batch: Callable) -> str:
+    tried: list[int] = []
+
+    def try_batch(bs: int) -> dict[str, Any]:
+        tried.append(bs)
+        if bs > 64:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for batch {bs})")
+        return {"batch_size": bs, "throughput": float(bs)}
+
+    best, results = largest_batch(try_batch, [16, 32, 64, 128, 256])
+    expect(best == 64, f"the largest batch that fits is 64 here, got {best!r}")
+    expect(tried == [16, 32, 64, 128], f"stop at the first out-of-memory error (tried {tried})")
+    expect(isinstance(results, list) and [r["batch_size"] for r in results] == [16, 32, 64],
+            "return the results of the batches that fitted, in order")
+    best_none, res_none = largest_batch(lambda bs: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), [8])
+    expect(best_none is None and res_none == [], "when nothing fits, return (None, [])")
+    other = None
+    try:
+        largest_batch(lambda bs: (_ for _ in ()).throw(ValueError("a real bug")), [8])
+    except ValueError as exc:
+        other = exc
+    expect(other is not None, "catch only torch.OutOfMemoryError: other errors are bugs and must propagate")
+    return "OOM is caught (and only OOM), the sweep stops there and reports the largest batch that fit"
+
+
+@register("jour1", "profiler", ("profile_steps",), J1)
+def _check_profiler(profile_steps: Callable) -> str:
+    model = _Recorder()
+    x, y = _batch()
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        nn.functional.cross_entropy(model(x), y).backward()
+
+    with tempfile.TemporaryDirectory() as d:
+        prof = profile_steps(step, d, wait=1, warmup=1, active=2)
+        traces = list(Path(d).rglob("*.json"))
+        expect(len(calls) == 4, f"call step() wait + warmup + active = 4 times (called {len(calls)})")
+        expect(bool(traces), "write the trace with on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir)")
+        expect(prof is not None and hasattr(prof, "key_averages"), "return the profiler object")
+        names = {e.key for e in prof.key_averages()}
+        expect(any("conv" in n for n in names), "record the steps inside the profiler (call prof.step() after each)")
+    return "trace written for TensorBoard/Perfetto with a wait/warm-up/active schedule"
+
+
+@register("jour1", "evaluate", ("evaluate_fast",), J1)
+def _check_evaluate(evaluate_fast: Callable) -> str:
+    torch.manual_seed(0)
+    model = _Recorder()
+    data = [_batch(8, seed) for seed in range(3)]
+    acc = evaluate_fast(model, data)
+    expect(bool(model.seen), "run the model on every batch")
+    seen = model.seen[-1]
+    expect(seen["inference"] or not seen["grad"], "wrap the loop in torch.inference_mode() (or torch.no_grad())")
+    expect(not seen["training"], "call model.eval() so BatchNorm uses its running statistics")
+    model.eval()
+    with torch.no_grad():
+        expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
+    expect(isinstance(acc, float) and abs(acc - expected) < 1e-9, f"return the accuracy as a float ({expected:.3f} here), got {acc!r}")
+    return "eval mode, no autograd graph, accuracy correct"

@@ -1,0 +1,183 @@
+"""Checkers of tp_pipeline/pipeline_train.py (``dlo check pipeline <step>``): the schedules you write.
+
+A schedule is an order of calls on a :class:`dlo.parallel.pipeline.Pipe`. Each checker runs your function
+twice, in this process:
+
+1. on a *recording* pipe for every rank of a 2- and a 4-stage pipeline: the calls must pass the right
+   tensors along (the input of micro-batch ``i`` into its forward, its output into the send, ...) and
+   come in the expected order (the one that cannot deadlock, with the activations the schedule promises);
+2. on a real one-stage :class:`Pipe` (the whole model): the gradients must equal the model's own
+   ``loss.backward()`` on the whole batch, i.e. every micro-batch ran forward and backward once.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.models.llama import Llama, token_batch
+from dlo.models.config import TransformerConfig
+from dlo.parallel.pipeline import Pipe, build_chunks, build_stage
+from dlo.parallel.pipeline import one_f_one_b_actions
+from dlo.parallel.pipeline import interleaved_actions
+
+SCRIPT = "tp_pipeline/pipeline_train.py"
+
+
+class _Token:
+    def __init__(self, what: str, mb: int, chunk: int) -> None:
+        self.what, self.mb, self.chunk = what, mb, chunk
+
+    def __repr__(self) -> str:
+        return f"<{self.what} of micro-batch {self.mb}{f' chunk {self.chunk}' if self.chunk else ''}>"
+
+
+class RecordingPipe:
+    """Stands for one rank's Pipe: hands out tokens instead of tensors and records the compute order."""
+
+    def __init__(self, rank: int, world_size: int, micro_batches: int, chunks: int = 1) -> None:
+        self.rank, self.world_size, self.micro_batches = rank, world_size, micro_batches
+        self.chunks = [None] * chunks
+        self.actions: list[tuple] = []
+        self.in_flight = self.max_in_flight = 0
+        self._received: set = set()
+        self._computed: dict = {}
+
+    def _key(self, mb: Any, chunk: Any) -> tuple[int, int]:
+        if not isinstance(mb, int) or not 0 <= mb < self.micro_batches:
+            raise CheckFailed(f"rank {self.rank}: micro-batch {mb!r} does not exist (0..{self.micro_batches - 1})")
+        if not isinstance(chunk, int) or not 0 <= chunk < len(self.chunks):
+            raise CheckFailed(f"rank {self.rank}: chunk {chunk!r} does not exist (0..{len(self.chunks) - 1})")
+        return mb, chunk
+
+    def _expect_token(self, got: Any, what: str, mb: int, chunk: int, where: str) -> None:
+        if not (isinstance(got, _Token) and (got.what, got.mb, got.chunk) == (what, mb, chunk)):
+            want = _Token(what, mb, chunk)
+            raise CheckFailed(f"rank {self.rank}: {where} expected {want!r} (what the previous call returned), got {got!r}")
+
+    def recv_forward(self, mb: int, chunk: int = 0):
+        return _Token("input", *self._key(mb, chunk))
+
+    def forward_compute(self, mb: int, x: Any, chunk: int = 0):
+        key = self._key(mb, chunk)
+        self._expect_token(x, "input", *key, where=f"forward_compute({mb}, x)")
+        if ("F", *key) in self.actions:
+            raise CheckFailed(f"rank {self.rank}: the forward of micro-batch {mb} ran twice")
+        self.actions.append(("F", *key))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        return _Token("output", *key)
+
+    def send_forward(self, mb: int, y: Any, chunk: int = 0) -> None:
+        self._expect_token(y, "output", *self._key(mb, chunk), where=f"send_forward({mb}, y)")
+
+    def recv_backward(self, mb: int, chunk: int = 0):
+        key = self._key(mb, chunk)
+        if ("F", *key) not in self.actions:
+            raise CheckFailed(f"rank {self.rank}: recv_backward({mb}) before the forward of micro-batch {mb}")
+        return _Token("output gradient", *key)
+
+    def backward_compute(self, mb: int, g: Any, chunk: int = 0):
+        key = self._key(mb, chunk)
+        self._expect_token(g, "output gradient", *key, where=f"backward_compute({mb}, g)")
+        if ("B", *key) in self.actions:
+            raise CheckFailed(f"rank {self.rank}: the backward of micro-batch {mb} ran twice")
+        self.actions.append(("B", *key))
+        self.in_flight -= 1
+        return _Token("input gradient", *key)
+
+    def send_backward(self, mb: int, dx: Any, chunk: int = 0) -> None:
+        self._expect_token(dx, "input gradient", *self._key(mb, chunk), where=f"send_backward({mb}, dx)")
+
+
+def _orders(fn: Callable, world: int, m: int, chunks: int = 1) -> list[RecordingPipe]:
+    pipes = []
+    for rank in range(world):
+        pipe = RecordingPipe(rank, world, m, chunks)
+        fn(pipe)
+        every = {(k, mb, c) for k in "FB" for mb in range(m) for c in range(chunks)}
+        missing = sorted(every - set(pipe.actions))
+        expect(not missing, f"rank {rank} of {world}, m={m}: {len(missing)} action(s) never ran, e.g. "
+                             f"{missing[0][0]} of micro-batch {missing[0][1]}: every micro-batch needs a forward and a "
+                             "backward on every stage (else its gradient is missing)" if missing else "")
+        pipes.append(pipe)
+    return pipes
+
+
+def _real_step(fn: Callable, m: int, chunks: int = 1) -> None:
+    """One real pipeline step on one process (one stage holding the whole model, or `chunks` chunks of a
+    one-rank interleaved pipeline): the accumulated gradients must equal the whole batch's."""
+
+    cfg = TransformerConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2,
+                            name="check")
+    ids, labels = token_batch(4, 6, cfg.vocab_size, seed=1)
+    model = Llama(cfg, seed=0)
+    stages = build_chunks(model, 0, 1, chunks) if chunks > 1 else build_stage(model, 0, 1)
+    pipe = Pipe(stages, (ids, labels), m)
+    pipe.reset()
+    fn(pipe)
+    stats = pipe.finish()
+    ref = Llama(cfg, seed=0)
+    loss = ref.loss(ids, labels)
+    loss.backward()
+    expect(abs(stats.loss - loss.item()) < 1e-5, f"loss {stats.loss} != the whole batch's {loss.item():.6f}")
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        expect(p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6),
+                f"gradient of {name} differs from the single-process one after a real step (m={m})")
+
+
+def _actions(pipe: RecordingPipe) -> list[tuple[str, int]]:
+    return [(k, mb) for k, mb, _ in pipe.actions]
+
+
+@register("pipeline", "naive", ("naive_step",), SCRIPT)
+def _check_naive(naive_step: Callable) -> str:
+    for world in (2, 4):
+        for pipe in _orders(naive_step, world, 1):
+            expect(_actions(pipe) == [("F", 0), ("B", 0)],
+                    f"rank {pipe.rank}: expected forward then backward of the one batch, got {_actions(pipe)}")
+    _real_step(naive_step, 1)
+    return "forward, send, then backward, send back: one batch through all stages"
+
+
+@register("pipeline", "afab", ("afab_step",), SCRIPT)
+def _check_afab(afab_step: Callable) -> str:
+    for world, m in ((2, 4), (4, 8)):
+        want = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        for pipe in _orders(afab_step, world, m):
+            expect(_actions(pipe) == want, f"rank {pipe.rank} of {world}, m={m}: expected all forwards 0..{m - 1}, then "
+                                            f"all backwards 0..{m - 1}; got {_actions(pipe)}")
+            expect(pipe.max_in_flight == m, "AFAB keeps all m micro-batches alive before the first backward")
+    _real_step(afab_step, 4)
+    return "all forwards, then all backwards; gradients accumulated over the micro-batches"
+
+
+@register("pipeline", "1f1b", ("one_f_one_b_step",), SCRIPT)
+def _check_1f1b(one_f_one_b_step: Callable) -> str:
+
+    for world, m in ((2, 4), (4, 8), (4, 2)):
+        for pipe in _orders(one_f_one_b_step, world, m):
+            want = one_f_one_b_actions(pipe.rank, world, m)
+            got = _actions(pipe)
+            if got != want:
+                first = next(i for i, (a, b) in enumerate(zip(got + [None] * len(want), want)) if a != b)
+                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}: action {first} should be {want[first]}, got "
+                                  f"{got[first] if first < len(got) else 'nothing'} (warm-up = min(world_size - rank - 1, m) "
+                                  f"= {min(world - pipe.rank - 1, m)} forwards)")
+            expect(pipe.max_in_flight <= min(world - pipe.rank, m),
+                    f"rank {pipe.rank}: {pipe.max_in_flight} micro-batches alive at once, 1F1B allows world_size - rank")
+    _real_step(one_f_one_b_step, 4)
+    return "warm-up, one forward / one backward, cool-down: at most world_size - rank micro-batches alive"
+
+
+@register("pipeline", "interleaved", ("interleaved_step",), SCRIPT)
+def _check_interleaved(interleaved_step: Callable) -> str:
+
+    for world, m, v in ((2, 4, 2), (4, 8, 2), (2, 2, 3)):
+        for pipe in _orders(interleaved_step, world, m, v):
+            want = interleaved_actions(pipe.rank, world, m, v)
+            expect(pipe.actions == want, f"rank {pipe.rank} of {world}, m={m}, v={v}: expected the order "
+                                          f"{want[:6]}..., got {pipe.actions[:6]}...")
+    _real_step(interleaved_step, 2, chunks=2)
+    return "interleaved 1F1B: each micro-batch visits every rank v times, smaller bubble"

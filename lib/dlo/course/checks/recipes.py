@@ -1,0 +1,110 @@
+"""Checkers of Jour3/recipes.ipynb (course ``recipes``): the progressive-resizing schedule, the EMA update
+(against ``torch.optim.swa_utils.AveragedModel``) and test-time augmentation (against
+:func:`dlo.training.evaluate.tta_probabilities`)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.training.callbacks import resolution_at as reference
+from dlo.training.evaluate import tta_probabilities
+
+RECIPES_NB = "Jour3/recipes.ipynb"
+
+
+@register("recipes", "resize", ("resolution_at",), RECIPES_NB)
+def _check_resize(resolution_at: Callable) -> str:
+
+    cases = [([(0, 16), (2, 24), (4, 32)], range(8)), ([(0, 32)], range(3)), ([(0, 8), (1, 12), (5, 16)], range(7)),
+             ([(0, 20), (3, 28)], range(5))]
+    for schedule, epochs in cases:
+        for epoch in epochs:
+            got, want = resolution_at(list(schedule), epoch), reference(schedule, epoch)
+            expect(got == want, f"schedule {schedule}, epoch {epoch}: expected {want} (the size of the last "
+                                 f"(start, size) with start <= epoch), got {got!r}")
+    return "the size of the last (start, size) pair with start <= epoch, for every epoch"
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.lin(x))
+
+
+@register("recipes", "ema", ("ema_update",), RECIPES_NB)
+def _check_ema(ema_update: Callable) -> str:
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    g = torch.Generator().manual_seed(0)
+    for decay in (0.9, 0.5):
+        torch.manual_seed(0)
+        model = _Small()
+        ref = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
+        ref.update_parameters(model)  # the first update copies the weights
+        mine = [t.detach().clone().float() for t in model.state_dict().values() if t.dtype.is_floating_point]
+        for _ in range(3):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn(p.shape, generator=g))
+                model.bn.running_mean.add_(torch.randn(3, generator=g))
+            ref.update_parameters(model)
+            current = [t.detach() for t in model.state_dict().values() if t.dtype.is_floating_point]
+            before = [t.clone() for t in current]
+            out = ema_update(mine, current, decay)
+            expect(isinstance(out, (list, tuple)) and len(out) == len(mine),
+                    f"return a list of {len(mine)} tensors (one per weight / buffer), got {type(out).__name__}")
+            expect(all(torch.equal(a, b) for a, b in zip(before, current)), "do not modify the model's weights")
+            mine = [t.detach().clone() for t in out]
+        want = [t.float() for t in ref.module.state_dict().values() if t.dtype.is_floating_point]
+        for a, b in zip(mine, want):
+            if a.shape != b.shape or not torch.allclose(a, b, atol=1e-5):
+                raise CheckFailed(f"decay={decay}: your EMA differs from AveragedModel's: "
+                                  "new = decay * ema + (1 - decay) * weights (decay multiplies the average)")
+    return "same averages as torch.optim.swa_utils.AveragedModel (weights and BatchNorm buffers), 3 updates"
+
+
+class _Asym(nn.Module):
+    """Not mirror-symmetric: its output changes when the image is flipped left-right."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.w = nn.Parameter(torch.randn(5, 3 * 4 * 6, generator=g))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x.flatten(1) @ self.w.T
+
+
+@register("recipes", "tta", ("tta_predict",), RECIPES_NB)
+def _check_tta(tta_predict: Callable) -> str:
+
+    model = _Asym()
+    x = torch.randn(7, 3, 4, 6, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = tta_predict(model, x.clone())
+        want = tta_probabilities(model, x, True)
+        only_image = torch.softmax(model(x), 1)
+        vflip = (torch.softmax(model(x), 1) + torch.softmax(model(x.flip(-2)), 1)) / 2
+        logits_mean = torch.softmax((model(x) + model(x.flip(-1))) / 2, 1)
+    expect(isinstance(got, torch.Tensor) and got.shape == want.shape,
+            f"return the averaged probabilities, a tensor of shape {tuple(want.shape)}, got "
+            f"{getattr(got, 'shape', type(got).__name__)}")
+    got = got.float()
+    if torch.allclose(got, want, atol=1e-5):
+        return "the mean of the softmax over the image and its left-right mirror"
+    if torch.allclose(got, only_image, atol=1e-5):
+        raise CheckFailed("you return the prediction on the image alone: add its horizontal flip (x.flip(-1))")
+    if torch.allclose(got, vflip, atol=1e-5):
+        raise CheckFailed("that is an up-down flip (dim -2): flip left-right, along the width (dim -1)")
+    if torch.allclose(got, logits_mean, atol=1e-5):
+        raise CheckFailed("you averaged the logits: average the softmax probabilities of the two views")
+    raise CheckFailed("expected (softmax(model(x)) + softmax(model(x.flip(-1)))) / 2")

@@ -1,0 +1,239 @@
+"""Checkers of tp_tensor_parallel/tp_balises.py (``dlo check tp <n>``, n = 1..11).
+
+Each checker first calls the student's code in this process, without a process group (tp = 1: every
+primitive is the identity, every parallel layer must equal its full layer): that catches an unfinished
+balise at once. What only shows with real peers (slices, sums over the right group, gradients, how many
+all-reduces) is then checked by ONE 4-process gloo run of :mod:`dlo.course.checks.tp_worker`, which checks all
+balises at once; its answers are cached per script content, so the eleven checks of an unchanged file
+cost one launch.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.runtime.launch import LaunchError, launch
+from dlo.models.llama import SwiGLU
+from dlo.models.llama import Attention, rotary_cos_sin
+from dlo.models.llama import Llama, token_batch
+from dlo.models.config import TransformerConfig
+
+SCRIPT = "tp_tensor_parallel/tp_balises.py"
+WORKER = Path(__file__).with_name("tp_worker.py")
+_CACHE: dict[str, dict[str, str]] = {}
+
+
+def _script_of(obj: Any) -> Path:
+    fn = obj
+    if isinstance(obj, type):
+        fn = next((v for v in vars(obj).values() if callable(v) and hasattr(v, "__code__")), None)
+        if fn is None:
+            for v in vars(obj).values():
+                if isinstance(v, staticmethod):
+                    fn = v.__func__
+                    break
+    code = getattr(fn, "__code__", None)
+    path = Path(code.co_filename) if code else Path("?")
+    expect(path.suffix == ".py" and path.is_file(),
+            "the balises must be defined in a script file (tp_balises.py) so that 4 processes can import it")
+    return path
+
+
+def _peers(obj: Any, balise: str) -> None:
+    """The 4-process verdict on ``balise`` for the script defining ``obj`` (one launch per script content)."""
+    script = _script_of(obj)
+    key = f"{script}:{hashlib.sha256(script.read_bytes()).hexdigest()}"
+    if key not in _CACHE:
+
+        try:
+            records = launch(WORKER, [str(script)], nproc=4, timeout_s=600, echo=False,
+                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+        except LaunchError as exc:
+            raise CheckFailed(f"the 4-process check run failed: {exc.last_line}") from None
+        merged: dict[str, str] = {}
+        for r in sorted(records, key=lambda r: r["rank"]):
+            for n, verdict in r["results"].items():
+                # first failing rank, preferring the one that saw the failure itself
+                echo = "(seen on another rank)" in verdict
+                if verdict != "ok" and (merged.get(n, "ok") == "ok" or (not echo and "(seen on another rank)" in merged[n])):
+                    merged[n] = f"rank {r['rank']}: {verdict}"
+                merged.setdefault(n, verdict)
+        _CACHE.clear()
+        _CACHE[key] = merged
+    verdict = _CACHE[key].get(balise, "no answer from the 4-process run")
+    if "NotImplementedError" in verdict:
+        raise NotImplementedError(verdict.split("NotImplementedError:", 1)[-1].strip())
+    expect(verdict == "ok", f"on 4 processes (tp = 2 groups): {verdict.replace('Bad: ', '')}")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return a.shape == b.shape and bool((a - b).abs().max() <= tol)
+
+
+def _x(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@register("tp", "1", ("copy_to_region", "reduce_from_region", "gather_from_region", "scatter_to_region"), SCRIPT)
+def _check_1(copy_to_region: Callable, reduce_from_region: Callable, gather_from_region: Callable,
+             scatter_to_region: Callable) -> str:
+    for name, fn in (("copy_to_region", copy_to_region), ("reduce_from_region", reduce_from_region),
+                     ("gather_from_region", gather_from_region), ("scatter_to_region", scatter_to_region)):
+        x = _x(2, 3, seed=1).requires_grad_()
+        y = fn(x, None)
+        expect(isinstance(y, torch.Tensor) and torch.equal(y, x), f"{name}: with one process, the forward is the identity")
+        (y * 3).sum().backward()
+        expect(x.grad is not None and torch.equal(x.grad, torch.full_like(x, 3.0)),
+                f"{name}: with one process, the backward passes the gradient through unchanged")
+    _peers(copy_to_region, "1")
+    return "f / g / gather / scatter: right forward, right backward, one counted collective each, on the given group"
+
+
+@register("tp", "2", ("ColumnParallelLinear",), SCRIPT)
+def _check_2(ColumnParallelLinear: type) -> str:
+    torch.manual_seed(0)
+    full = nn.Linear(6, 8)
+    layer = ColumnParallelLinear(full, None)
+    expect(isinstance(getattr(layer, "weight", None), nn.Parameter) and isinstance(getattr(layer, "bias", None), nn.Parameter),
+            "keep the slices as nn.Parameter attributes named weight and bias")
+    expect(layer.weight.data_ptr() != full.weight.data_ptr(), "clone the slice: the layer must own its weights")
+    x = _x(2, 6)
+    expect(_close(layer(x), full(x)), "with one process the layer must equal the full nn.Linear")
+    _peers(ColumnParallelLinear, "2")
+    return "output features split, input gradient all-reduced, optional gather"
+
+
+@register("tp", "3", ("RowParallelLinear",), SCRIPT)
+def _check_3(RowParallelLinear: type) -> str:
+    torch.manual_seed(0)
+    full = nn.Linear(8, 6)
+    layer = RowParallelLinear(full, None)
+    x = _x(2, 8)
+    expect(_close(layer(x), full(x)), "with one process the layer must equal the full nn.Linear")
+    _peers(RowParallelLinear, "3")
+    return "input features split, partial outputs all-reduced, bias added once"
+
+
+@register("tp", "4", ("VocabParallelEmbedding",), SCRIPT)
+def _check_4(VocabParallelEmbedding: type) -> str:
+    torch.manual_seed(0)
+    full = nn.Embedding(10, 4)
+    ids = torch.tensor([[0, 9, 4]])
+    expect(_close(VocabParallelEmbedding(full, None)(ids), full(ids)), "with one process it must equal nn.Embedding")
+    _peers(VocabParallelEmbedding, "4")
+    return "vocabulary split, ids of other ranks masked, one all-reduce"
+
+
+@register("tp", "5", ("ParallelSwiGLU",), SCRIPT)
+def _check_5(ParallelSwiGLU: type) -> str:
+
+    torch.manual_seed(0)
+    full = SwiGLU(8, 12)
+    x = _x(2, 3, 8)
+    expect(_close(ParallelSwiGLU(full, None)(x), full(x)), "with one process it must equal dlo.models.llama.SwiGLU")
+    _peers(ParallelSwiGLU, "5")
+    return "gate/up column-parallel, down row-parallel: one all-reduce forward, one backward"
+
+
+@register("tp", "6", ("ParallelAttention",), SCRIPT)
+def _check_6(ParallelAttention: type) -> str:
+
+    torch.manual_seed(0)
+    full = Attention(16, 4, 2, 4)
+    cos, sin = rotary_cos_sin(5, 4)
+    x = _x(2, 5, 16)
+    expect(_close(ParallelAttention(full, None)(x, cos, sin), full(x, cos, sin)),
+            "with one process it must equal dlo.models.llama.Attention")
+    _peers(ParallelAttention, "6")
+    return "query and K/V heads split (GQA groups kept), one all-reduce per forward, clear error when tp ∤ heads"
+
+
+def _tiny_llama():
+
+    cfg = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    return Llama(cfg, seed=0), token_batch(2, 8, 64, seed=1)
+
+
+@register("tp", "7", ("TPLlama",), SCRIPT)
+def _check_7(TPLlama: type) -> str:
+    ref, (ids, labels) = _tiny_llama()
+    model = TPLlama(ref, None)
+    names = [n for n, _ in model.named_parameters()]
+    expect(names == [n for n, _ in ref.named_parameters()], f"keep Llama's parameter names (got {names[:3]}...)")
+    expect(_close(model(ids), ref(ids)), "with one process the logits must equal the Llama's")
+    with torch.no_grad():
+        gap = abs(float(model.loss(ids, labels, vocab_parallel=False)) - float(ref.loss(ids, labels)))
+    expect(gap < 1e-5,
+            "with one process the loss must equal the Llama's")
+    _peers(TPLlama, "7")
+    return "the whole TP Llama: logits, loss and every gradient equal the single-process model"
+
+
+@register("tp", "8", ("vocab_parallel_cross_entropy",), SCRIPT)
+def _check_8(vocab_parallel_cross_entropy: Callable) -> str:
+    logits = _x(2, 6, 10, seed=7)
+    labels = torch.tensor([[0, 9, 4, 5, -100, 5], [3, 7, 1, 8, 2, 6]])
+    got = vocab_parallel_cross_entropy(logits, labels, None)
+    ref = F.cross_entropy(logits.reshape(-1, 10), labels.reshape(-1), ignore_index=-100)
+    expect(isinstance(got, torch.Tensor) and got.ndim == 0 and abs(float(got) - float(ref)) < 1e-5,
+            f"with one process it must equal F.cross_entropy ({float(ref):.5f}, ignoring -100), got {got}")
+    _peers(vocab_parallel_cross_entropy, "8")
+    return "cross-entropy from the vocabulary slices, equal to F.cross_entropy, no gathered logits"
+
+
+@register("tp", "9", ("tp_group_ranks", "make_tp_group"), SCRIPT)
+def _check_9(tp_group_ranks: Callable, make_tp_group: Callable) -> str:
+    expect(tp_group_ranks(8, 2) == [[0, 1], [2, 3], [4, 5], [6, 7]], f"tp=2 of 8: contiguous pairs, got {tp_group_ranks(8, 2)}")
+    expect(tp_group_ranks(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]], "tp=4 of 8: two contiguous blocks of 4")
+    try:
+        tp_group_ranks(6, 4)
+    except ValueError:
+        pass
+    else:
+        raise CheckFailed("tp=4 does not divide 6 processes: raise ValueError")
+    _peers(make_tp_group, "9")
+    return "contiguous TP groups, every group created on every rank"
+
+
+@register("tp", "10", ("dp_group_ranks", "make_dp_group"), SCRIPT)
+def _check_10(dp_group_ranks: Callable, make_dp_group: Callable) -> str:
+    expect(dp_group_ranks(8, 2, 4) == [[0, 2, 4, 6], [1, 3, 5, 7]], f"tp=2, dp=4: strided, got {dp_group_ranks(8, 2, 4)}")
+    expect(dp_group_ranks(4, 4, 1) == [[0], [1], [2], [3]], "tp=4, dp=1: one group per rank")
+    try:
+        dp_group_ranks(4, 2, 3)
+    except ValueError as exc:
+        expect("world size" in str(exc), "say in the error that tp × dp must equal the world size")
+    else:
+        raise CheckFailed("tp=2 × dp=3 ≠ 4 processes: raise ValueError")
+    _peers(make_dp_group, "10")
+    return "strided DP groups, tp × dp = world size enforced"
+
+
+@register("tp", "11", ("dp_loader", "average_gradients", "reduce_over_dp"), SCRIPT)
+def _check_11(dp_loader: Callable, average_gradients: Callable, reduce_over_dp: Callable) -> str:
+    from torch.utils.data import DistributedSampler, TensorDataset
+
+    data = TensorDataset(torch.arange(16))
+    seen = []
+    for dp_rank in (0, 1):
+        loader, sampler = dp_loader(data, dp_rank, 2, 4, seed=0)
+        expect(isinstance(sampler, DistributedSampler) and sampler.num_replicas == 2 and sampler.rank == dp_rank,
+                "use a DistributedSampler with num_replicas=dp_size and rank=dp_rank (not the global rank)")
+        expect(loader.batch_size == 4, "each DP replica loads batch_per_replica sequences")
+        seen.append({int(i) for (b,) in loader for i in b})
+    expect(not seen[0] & seen[1] and len(seen[0] | seen[1]) == 16, "the DP shards must be disjoint and cover the data")
+    model = nn.Linear(3, 2)
+    model(_x(4, 3)).sum().backward()
+    before = model.weight.grad.clone()
+    average_gradients(model, None)
+    expect(torch.equal(model.weight.grad, before), "with one DP replica the gradients stay as they are")
+    got = reduce_over_dp(torch.tensor(3.0), torch.tensor(4.0), None)
+    expect(abs(float(got) - 0.75) < 1e-9, f"one process: loss_sum / count = 0.75, got {got}")
+    _peers(average_gradients, "11")
+    return "data sharded by DP rank, gradients and metrics averaged over the DP group only"

@@ -1,0 +1,122 @@
+"""Student copies: solution regions replaced by stubs, in notebooks and course scripts.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from dlo.course.notebooks import COURSE_DIRS, _source, dumps, source_notebooks, strip_outputs
+from dlo.runtime.paths import ROOT
+STUDENT_DIR = "student"
+
+_BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?::\s*(?P<hint>.*\S))?\s*$")
+_END = re.compile(r"^[ \t]*# END SOLUTION\s*$")
+
+
+# --------------------------------------------------------------------------------------------------
+# Student versions
+# --------------------------------------------------------------------------------------------------
+
+def strip_solutions(source: str, where: str = "cell") -> str:
+    """Replace every ``# BEGIN SOLUTION`` ... ``# END SOLUTION`` region of ``source`` by a stub."""
+    out: list[str] = []
+    inside: re.Match | None = None
+    for lineno, line in enumerate(source.splitlines(), 1):
+        begin = _BEGIN.match(line)
+        if inside is None:
+            if begin:
+                inside = begin
+                hint = begin.group("hint") or "write this part"
+                indent = begin.group("indent")
+                out.append(f"{indent}# TODO: {hint}")
+                out.append(f"{indent}raise NotImplementedError({hint!r})")
+            elif _END.match(line):
+                raise ValueError(f"{where}, line {lineno}: '# END SOLUTION' without a matching '# BEGIN SOLUTION'")
+            else:
+                out.append(line)
+        else:
+            if begin:
+                raise ValueError(f"{where}, line {lineno}: nested '# BEGIN SOLUTION' (close the previous region first)")
+            if _END.match(line):
+                inside = None
+    if inside is not None:
+        raise ValueError(f"{where}: '# BEGIN SOLUTION' is never closed by '# END SOLUTION'")
+    return "\n".join(out)
+
+
+def has_solutions(source: str) -> bool:
+    return any(_BEGIN.match(line) for line in source.splitlines())
+
+
+def student_path(source_nb: str | Path) -> Path:
+    source_nb = Path(source_nb)
+    return source_nb.parent / STUDENT_DIR / source_nb.name
+
+
+def make_student(source_nb: str | Path) -> dict[str, Any]:
+    """The student version of a source notebook (as a JSON-able dict)."""
+    source_nb = Path(source_nb)
+    nb = strip_outputs(json.loads(source_nb.read_text()))
+    stubbed = 0
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            src = _source(cell)
+            if has_solutions(src):
+                new = strip_solutions(src, where=f"{source_nb.name} cell {i}")
+                ast.parse(new)  # a stub must leave valid Python behind
+                cell["source"] = new
+                stubbed += 1
+    if stubbed:
+        where = "the cells marked `TODO` raise `NotImplementedError` until you write them"
+    else:
+        scripts = [p.name for p in source_scripts(source_nb.parent.parent) if p.parent == source_nb.parent]
+        named = ", ".join(f"`{name}`" for name in scripts) or "the script next to this notebook"
+        where = (f"your exercises are in {named}, next to this notebook: its parts marked `TODO` raise "
+                 "`NotImplementedError` until you write them")
+    banner = {
+        "cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
+        "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; {where}. "
+                   f"Each exercise has a check cell; from a terminal: `dlo check {source_nb.stem} <step>` "
+                   f"(`dlo check --list` shows the steps)."),
+    }
+    nb["cells"] = [banner] + nb["cells"]
+    return nb
+
+
+def make_student_script(source_py: str | Path) -> str:
+    """The student version of a course script: solution regions replaced by stubs, a banner on top."""
+    source_py = Path(source_py)
+    body = strip_solutions(source_py.read_text(), where=source_py.name)
+    ast.parse(body)  # a stub must leave valid Python behind
+    banner = (f"# Exercise version: generated from ../{source_py.name} by `make student` -- edit this copy.\n"
+              f"# The parts marked TODO raise NotImplementedError until you write them; "
+              f"`dlo check --list` shows their checkers.\n")
+    return banner + body + "\n"
+
+
+def write_students(notebooks: Iterable[str | Path] | None = None, check_only: bool = False) -> list[Path]:
+    """(Re)write student notebooks and scripts. With ``check_only``, write nothing and return the stale ones.
+
+    ``notebooks`` defaults to every source notebook and script; ``.py`` paths get a student script.
+    """
+    stale = []
+    sources = notebooks if notebooks is not None else [*source_notebooks(), *source_scripts()]
+    for src in sources:
+        dst = student_path(src)
+        text = make_student_script(src) if Path(src).suffix == ".py" else dumps(make_student(src))
+        if not dst.is_file() or dst.read_text() != text:
+            stale.append(dst)
+            if not check_only:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text)
+    return stale
+
+
+
+def source_scripts(root: str | Path = ROOT) -> list[Path]:
+    """Every course script (``<folder>/*.py``) that holds solution regions (student copies excluded)."""
+    root = Path(root)
+    return [py for d in COURSE_DIRS for py in sorted((root / d).glob("*.py")) if has_solutions(py.read_text())]

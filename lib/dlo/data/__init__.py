@@ -1,0 +1,30 @@
+"""Layer 2, data: CIFAR-10 (the real files, or generated ones in the same format, always saying which),
+transforms and DataLoaders with every knob, token streams for the LLM workshops, MixUp/CutMix kernels.
+"""
+from __future__ import annotations
+
+from .format import CLASSES, CIFAR10_MEAN, CIFAR10_STD, BASE_FOLDER, MARKER_NAME
+from .cifar import SEARCH_LAYOUTS, find_cifar10, cifar10
+from .generated import read_generated_marker, make_generated_cifar10, generated_cache_root, GeneratedCIFAR10
+from .loaders import train_transform, test_transform, available_cores, make_loader, preload_batches, synthetic_batch
+
+__all__ = [
+    "CLASSES",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "BASE_FOLDER",
+    "MARKER_NAME",
+    "SEARCH_LAYOUTS",
+    "find_cifar10",
+    "cifar10",
+    "read_generated_marker",
+    "make_generated_cifar10",
+    "generated_cache_root",
+    "GeneratedCIFAR10",
+    "train_transform",
+    "test_transform",
+    "available_cores",
+    "make_loader",
+    "preload_batches",
+    "synthetic_batch",
+]

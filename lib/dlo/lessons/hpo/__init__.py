@@ -1,0 +1,44 @@
+"""Hyper-parameter optimisation lesson (Jour4/hpo.ipynb): Optuna samplers and pruners, a study shared by
+worker processes through a journal file, Ray Tune.
+"""
+from __future__ import annotations
+
+from .toys import rosenbrock, himmelblau, ToyFunction, TOY_FUNCTIONS, toy_function, best_so_far
+from .space import (
+    SearchSpaceError, validate_space, parse_space_json, suggest, to_optuna, to_ray, DuplicateParameterError,
+    StrictTrial,
+)
+from .journal import JournalPathError, journal_storage, run_worker, launch_workers, study_summary, main
+from .trainer import load_cifar_tensors, HPARAMS, Trainer
+from .ray import ray_temp_dir, ray_start, tune_progress, pbt_exploits, ray_summary
+
+__all__ = [
+    "rosenbrock",
+    "himmelblau",
+    "ToyFunction",
+    "TOY_FUNCTIONS",
+    "toy_function",
+    "best_so_far",
+    "SearchSpaceError",
+    "validate_space",
+    "parse_space_json",
+    "suggest",
+    "to_optuna",
+    "to_ray",
+    "DuplicateParameterError",
+    "StrictTrial",
+    "JournalPathError",
+    "journal_storage",
+    "run_worker",
+    "launch_workers",
+    "study_summary",
+    "main",
+    "load_cifar_tensors",
+    "HPARAMS",
+    "Trainer",
+    "ray_temp_dir",
+    "ray_start",
+    "tune_progress",
+    "pbt_exploits",
+    "ray_summary",
+]

@@ -1,0 +1,202 @@
+"""Helpers of the hyper-parameter search notebook (Jour4/hpo.ipynb): Optuna and Ray Tune, sized for a CPU.
+
+- :data:`TOY_FUNCTIONS`: Rosenbrock and Himmelblau, two cheap 2-D functions with known minima, to watch
+  how samplers (grid, random, TPE, CMA-ES, ...) spend a budget of trials.
+- Search spaces: :func:`validate_space` checks a definition ``{name: spec}`` before anything is
+  sampled (one clear error for a duplicated name, an empty range, a log scale that reaches 0, an
+  unknown type), :func:`suggest` samples it on an Optuna trial, :func:`to_optuna` / :func:`to_ray` turn
+  it into Optuna distributions or Ray Tune domains, so both libraries search the *same* space.
+  :class:`StrictTrial` catches the classic pitfall at run time: two hyper-parameters sampled under
+  one name are silently tied together by Optuna (the second call returns the first value).
+- :func:`journal_storage`: Optuna's journal file storage, the one that works on the NFS/Lustre file
+  systems of clusters, with a clear error when the path is not writable; :func:`launch_workers` starts
+  processes that optimise one study together (``python -m dlo hpo worker ...``).
+- :func:`load_cifar_tensors` and :class:`Trainer`: a small CIFAR-10 training (a narrow ResNet-18 or an
+  MLP) on tensors held in memory, one epoch per call, with a state for checkpoints (Ray's PBT).
+- :func:`ray_start`: ``ray.init`` for a notebook: a fixed number of CPUs, no dashboard, no usage
+  statistics sent anywhere, its temporary folder (and its authentication token) in the project's
+  ``.cache/`` when the path is short enough for Ray's Unix sockets.
+- :func:`tune_progress` records what a Ray Tune run reports (and shows a progress bar), :func:`pbt_exploits`
+  reads what Population Based Training did; :func:`study_summary`, :func:`ray_summary` and
+  :func:`best_so_far` make the rows and curves of the comparisons.
+
+Command line (the notebook's parallel workers)::
+
+    python -m dlo hpo worker --journal runs/hpo/journal.log --study toy --function himmelblau --n-trials 20 --seed 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+from dlo.runtime.paths import probe_writable
+from dlo.lessons.hpo.toys import TOY_FUNCTIONS, toy_function
+
+
+# --------------------------------------------------------------------------------------------------
+# Journal storage: one study, several processes, a shared file system
+# --------------------------------------------------------------------------------------------------
+
+
+class JournalPathError(ValueError):
+    """The journal file cannot be used; the message says why and what to do."""
+
+
+def journal_storage(path: str | os.PathLike):
+    """An Optuna ``JournalStorage`` on the file ``path`` (created if needed; its folder must exist).
+
+    Every process that opens the same file works on the same studies. The file is an append-only log of
+    operations; a writer takes a lock made by an atomic ``symlink`` (``JournalFileSymlinkLock``), which
+    NFS and Lustre support, unlike the ``fcntl`` locks SQLite relies on. Raises :class:`JournalPathError`
+    (one line) when the path is a folder or cannot be written.
+    """
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise JournalPathError(f"journal path must be a file path (str or Path), got {path!r}")
+    path = Path(path).expanduser()
+    hint = "give a file in a folder you can write to (on a cluster: a shared file system such as $WORK or $SCRATCH)"
+    if path.is_dir():
+        raise JournalPathError(f"journal path {path} is a folder: {hint}, e.g. {path / 'journal.log'}")
+    if not path.parent.is_dir():
+        raise JournalPathError(f"journal file {path} is not writable (its folder {path.parent} does not exist): {hint}")
+    try:
+        with open(path, "ab"):
+            pass
+        probe_writable(path.parent, create=False)  # the lock is a file created next to the journal
+    except OSError as exc:
+        raise JournalPathError(f"journal file {path} is not writable ({exc.strerror or exc}): {hint}") from None
+    backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))
+    return JournalStorage(backend)
+
+
+def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_trials: int, *, seed: int,
+               worker: int = 0, sleep_s: float = 0.0) -> dict[str, Any]:
+    """Optimise a toy function on an existing study of the journal: ``n_trials`` trials, then a summary.
+
+    Each worker needs its *own* sampler seed: with the same seed, two workers would propose the same
+    points. ``sleep_s`` stands for the cost of a real training step, so that trials overlap in time.
+    """
+    import optuna
+
+    fn = toy_function(function)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = journal_storage(journal)
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage,
+                                  sampler=optuna.samplers.TPESampler(seed=seed))
+    except KeyError:
+        raise ValueError(f"no study {study_name!r} in {journal}: create it first (optuna.create_study(storage=..., "
+                         f"study_name={study_name!r}))") from None
+
+    def objective(trial):
+        trial.set_user_attr("worker", worker)
+        value = fn.objective(trial)
+        if sleep_s:
+            time.sleep(sleep_s)
+        return value
+
+    start = time.perf_counter()
+    study.optimize(objective, n_trials=n_trials)
+    mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker]
+    return {"worker": worker, "pid": os.getpid(), "seed": seed, "trials": len(mine),
+            "best_own": min(t.value for t in mine if t.value is not None),
+            "trials_in_study_at_end": len(study.trials), "seconds": time.perf_counter() - start}
+
+
+def launch_workers(journal: str | os.PathLike, study_name: str, *, n_workers: int = 2, n_trials: int = 10,
+                   function: str = "himmelblau", seed: int = 0, sleep_s: float = 0.0,
+                   timeout_s: float = 300) -> list[dict[str, Any]]:
+    """Start ``n_workers`` processes (``python -m dlo hpo worker``) on one study and wait for them.
+
+    Worker ``i`` uses sampler seed ``seed + i``. Returns each worker's summary; a failing worker raises
+    a RuntimeError with its last error line.
+    """
+    if not isinstance(n_workers, int) or isinstance(n_workers, bool) or n_workers < 1:
+        raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
+    journal_storage(journal)  # fail here, in one line, rather than in every worker
+    toy_function(function)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = []
+    for i in range(n_workers):
+        cmd = [sys.executable, "-m", "dlo", "hpo", "worker", "--journal", str(journal), "--study", study_name,
+               "--function", function, "--n-trials", str(n_trials), "--seed", str(seed + i), "--worker", str(i),
+               "--sleep", str(sleep_s)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    summaries = []
+    for i, proc in enumerate(procs):
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise RuntimeError(f"worker {i} did not finish within {timeout_s} s") from None
+        if proc.returncode != 0:
+            last = [ln for ln in err.strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"worker {i} failed (exit {proc.returncode}): {last[-1] if last else 'no message'}")
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return summaries
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparison tables
+# --------------------------------------------------------------------------------------------------
+
+
+def study_summary(study, wall_s: float, name: str | None = None) -> dict[str, Any]:
+    """One row: trials finished / pruned, best value, epochs trained (reported steps), wall time."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    epochs = sum(max(t.intermediate_values) if t.intermediate_values else 0 for t in trials)
+    return {"method": name or study.study_name, "trials": len(trials), "complete": len(complete),
+            "pruned": len(pruned), "best value": study.best_value if complete else math.nan,
+            "epochs trained": epochs, "wall time (s)": wall_s}
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dlo hpo", description="Optuna workers sharing a journal study.")
+    sub = p.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="optimise a toy function on an existing study of a journal file")
+    w.add_argument("--journal", required=True, help="journal file shared by the workers")
+    w.add_argument("--study", required=True, help="study name (create it first)")
+    w.add_argument("--function", default="himmelblau", help=f"one of: {', '.join(TOY_FUNCTIONS)}")
+    w.add_argument("--n-trials", type=int, default=10)
+    w.add_argument("--seed", type=int, default=0, help="sampler seed: give each worker its own")
+    w.add_argument("--worker", type=int, default=0, help="worker number, stored with each of its trials")
+    w.add_argument("--sleep", type=float, default=0.0, help="seconds of pretend work per trial")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.n_trials < 1:
+            raise ValueError(f"--n-trials must be >= 1, got {args.n_trials}")
+        summary = run_worker(args.journal, args.study, args.function, args.n_trials, seed=args.seed,
+                             worker=args.worker, sleep_s=args.sleep)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

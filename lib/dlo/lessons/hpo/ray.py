@@ -1,0 +1,210 @@
+"""Ray Tune: a private temp folder, start with retries, progress bar, PBT log, result tables.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+from dlo.runtime.paths import CACHE_DIR
+
+
+# --------------------------------------------------------------------------------------------------
+# Ray
+# --------------------------------------------------------------------------------------------------
+
+_SOCKET_MAX = 107  # bytes in an AF_UNIX socket path on Linux
+_SESSION_TAIL = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+
+
+def ray_temp_dir(preferred: str | os.PathLike | None = None) -> Path:
+    """Where Ray keeps its session (logs, sockets): ``preferred`` or ``.cache/ray``, unless that path is too
+    long for the Unix sockets Ray creates inside it (107 bytes on Linux); then a short folder in ``/tmp``."""
+    base = Path(preferred) if preferred is not None else CACHE_DIR / "ray"
+    if len(str(base.resolve()).encode()) + _SESSION_TAIL <= _SOCKET_MAX:
+        return base.resolve()
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"dlo-ray-{uid}"
+
+
+def _stop_ray_children() -> None:
+    """Stop the Ray processes this process started (a half-started Ray, after a failed ``ray.init``)."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ipykernel
+        return
+    def is_ray(proc) -> bool:
+        try:
+            command = " ".join(proc.cmdline())
+        except psutil.Error:
+            return False
+        return any(key in command for key in ("gcs_server", "raylet", "/ray/", "ray::"))
+
+    ours = [p for p in psutil.Process().children(recursive=True) if is_ray(p)]
+    for p in ours:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(ours, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+_RAY_START_ATTEMPTS = 3  # Ray gives its node a fixed 30 s to register; a busy machine may need another go
+
+
+def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.PathLike | None = None,
+              log_to_driver: bool = False) -> dict[str, Any]:
+    """Start a local Ray for a notebook, or join the cluster named by ``$RAY_ADDRESS``; say what was started.
+
+    ``num_cpus`` is the number of trials Ray may run at once with one CPU each (not the machine's core
+    count, which on a shared node is not all yours). No dashboard, no usage statistics
+    (``RAY_USAGE_STATS_ENABLED=0``: a compute node has no network), no idle workers started in advance
+    (Tune's trials start their own, and on two cores those would only compete), Tune's compact output, and Ray's token
+    authentication kept on (other users of a shared node cannot submit work to your Ray), with its token
+    file in the temp folder rather than ``~/.ray``. ``log_to_driver=False`` keeps the trials' prints out
+    of the notebook. When ``$RAY_ADDRESS`` is set (``slurm/ray_tune.sbatch`` exports it), Ray is already
+    running on the allocation's nodes: this joins it, and the cluster's own CPUs and GPUs count.
+    Returns ``{"address", "temp_dir", "num_cpus", "num_gpus", "seconds"}``.
+    """
+    import logging
+
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")  # Tune's trials start their own workers anyway
+    start = time.perf_counter()
+    if os.environ.get("RAY_ADDRESS"):
+        ctx = ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=log_to_driver, ignore_reinit_error=True,
+                       logging_level=logging.WARNING)
+        tmp = None
+    else:
+        if not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1:
+            raise ValueError(f"num_cpus must be a positive integer, got {num_cpus!r}")
+        tmp = ray_temp_dir(temp_dir)
+        tmp.mkdir(parents=True, exist_ok=True)
+        if not ({"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ)):
+            token = tmp / "auth_token"  # Ray would otherwise write one to ~/.ray/auth_token
+            if not token.is_file():
+                token.write_text(uuid.uuid4().hex)
+                token.chmod(0o600)
+            os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = auth_log.level
+        auth_log.setLevel(logging.ERROR)  # "token authentication is enabled": it is, on purpose
+        try:
+            for attempt in range(1, _RAY_START_ATTEMPTS + 1):
+                try:
+                    ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                                   log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
+                                   logging_level=logging.WARNING)
+                    break
+                except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+                    if "timed out during startup" not in str(exc):
+                        raise
+                    _stop_ray_children()
+                    load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
+                    if attempt == _RAY_START_ATTEMPTS:
+                        raise RuntimeError(f"Ray did not start in {attempt} tries: its node must register within 30 s, and this "
+                                           f"machine is too busy ({load} for {os.cpu_count()} cores); try again "
+                                           f"when it is quieter") from None
+                    print(f"Ray did not start within its 30 s limit ({load} for {os.cpu_count()} cores): "
+                          f"trying once more", file=sys.stderr, flush=True)
+        finally:
+            auth_log.setLevel(level)
+    resources = ray.cluster_resources()
+    return {"address": ctx.address_info.get("address"), "temp_dir": str(tmp) if tmp else None,
+            "num_cpus": int(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
+            "seconds": time.perf_counter() - start}
+
+
+def tune_progress(total: int, desc: str, metrics: Sequence[str] = ("accuracy", "epoch", "lr")):
+    """A Ray Tune callback, in the notebook's process, that records every reported result (``.records``: trial
+    id, ``training_iteration`` and ``metrics``) and advances a tqdm bar each time a trial ends.
+
+    Recording in the driver keeps the whole history of each trial, including what PBT does to it (Tune's
+    own per-trial files start again when PBT restarts a trial from another one's checkpoint).
+    """
+    from ray.tune import Callback
+    from tqdm.auto import tqdm
+
+    class TuneProgress(Callback):
+        def __init__(self) -> None:
+            self.bar = None
+            self.records: list[dict[str, Any]] = []
+
+        def setup(self, **info) -> None:
+            self.bar = tqdm(total=total, desc=desc)
+
+        def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+            row = {"trial": trial.trial_id, "iteration": result.get("training_iteration")}
+            row.update({k: result[k] for k in metrics if k in result})
+            self.records.append(row)
+
+        def _tick(self) -> None:
+            if self.bar is not None:
+                self.bar.update()
+
+        def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+            self._tick()
+
+        def on_trial_error(self, iteration, trials, trial, **info) -> None:
+            self._tick()
+
+        def on_experiment_end(self, trials, **info) -> None:
+            if self.bar is not None:
+                self.bar.close()
+
+        def __getstate__(self) -> dict:  # Tune saves its callbacks with the experiment state: not the bar
+            return {"records": self.records}
+
+        def __setstate__(self, state: dict) -> None:
+            self.bar, self.records = None, state.get("records", [])
+
+    return TuneProgress()
+
+
+def pbt_exploits(experiment_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """What Population Based Training did, from its ``pbt_global.txt`` log: one row per exploit (a trial
+    restarted from a better trial's checkpoint) with the explored (perturbed) hyper-parameters."""
+    path = Path(experiment_dir) / "pbt_global.txt"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            target, source, target_iter, source_iter, old, new = json.loads(line)
+            rows.append({"trial": target.split("_", 1)[0], "copied from": source.split("_", 1)[0],
+                         "at iteration": target_iter, "from iteration": source_iter,
+                         **{f"{k} before": v for k, v in old.items()}, **{f"{k} after": v for k, v in new.items()}})
+    return rows
+
+
+def ray_summary(records: Sequence[Mapping[str, Any]], results, wall_s: float, name: str, max_epochs: int,
+                metric: str = "accuracy", mode: str = "max") -> dict[str, Any]:
+    """The same row for a Ray Tune run, from the results recorded by :func:`tune_progress` (one per epoch).
+
+    A trial stopped early is one whose last epoch is below ``max_epochs``; the best value is the best final
+    ``metric`` of the trials that trained all epochs, as for an Optuna study.
+    """
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    last: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r["trial"] not in last or r.get("epoch", 0) >= last[r["trial"]].get("epoch", 0):
+            last[r["trial"]] = r
+    finals = [r[metric] for r in last.values() if r.get("epoch", 0) >= max_epochs and metric in r]
+    best = (max if mode == "max" else min)(finals) if finals else math.nan
+    return {"method": name, "trials": len(results), "complete": len(finals), "pruned": len(last) - len(finals),
+            "best value": best, "epochs trained": len(records), "wall time (s)": wall_s,
+            "errors": results.num_errors}

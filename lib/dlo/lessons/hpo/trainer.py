@@ -1,0 +1,134 @@
+"""The small CIFAR trainer that Optuna and Ray Tune trials run.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from dlo.models.small import TinyMLP
+from dlo import data
+from dlo.models.resnets import resnet18_cifar
+
+
+# --------------------------------------------------------------------------------------------------
+# A small CIFAR-10 training, one epoch per call
+# --------------------------------------------------------------------------------------------------
+
+
+def load_cifar_tensors(n_train: int, n_val: int, data_dir: str | os.PathLike | None = None,
+                       verbose: bool = True) -> dict[str, torch.Tensor]:
+    """The first ``n_train`` training and ``n_val`` test images of CIFAR-10 (or of the generated stand-in,
+    see :func:`dlo.data.cifar.cifar10`) as normalised tensors in memory: ``x_train, y_train, x_val, y_val``.
+
+    Held in memory, the data costs nothing per trial: a search runs many short trainings, and a loader
+    started for each one would dominate their time.
+    """
+
+    for name, n in (("n_train", n_train), ("n_val", n_val)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 10:
+            raise ValueError(f"{name} must be an integer >= 10, got {n!r}")
+    sizes = dict(n_train=max(n_train, 10000), n_test=max(n_val, 2000))  # generated data: the set other lessons use
+    train = data.cifar10("train", data_dir, data.test_transform(), verbose=verbose, **sizes)
+    test = data.cifar10("test", data_dir, data.test_transform(), verbose=False, **sizes)
+    (x_train, y_train), = data.preload_batches(train, 1, batch_size=n_train)
+    (x_val, y_val), = data.preload_batches(test, 1, batch_size=n_val)
+    return {"x_train": x_train, "y_train": y_train, "x_val": x_val, "y_val": y_val}
+
+
+HPARAMS = {"lr": None, "momentum": 0.9, "weight_decay": 0.0}  # None: required
+
+
+class Trainer:
+    """One trial's training: model, SGD optimiser and data; :meth:`train_epoch` runs one epoch and returns
+    the validation accuracy.
+
+    ``config`` holds the hyper-parameters ``lr`` (required), ``momentum`` (0.9) and ``weight_decay`` (0);
+    any other name is an error, so a typo in a search space cannot go unnoticed. ``arch`` is ``"resnet"``
+    (:func:`dlo.models.resnets.resnet18_cifar` of the given ``width``) or ``"mlp"`` (:class:`TinyMLP` with ``width``
+    hidden units). :meth:`state_dict` / :meth:`load_state_dict` save and restore everything needed to
+    continue (for checkpoints), and :meth:`set_hparams` changes the hyper-parameters in place (what
+    Population Based Training does after copying a better trial).
+    """
+
+    def __init__(self, config: Mapping[str, Any], data: Mapping[str, torch.Tensor], *, arch: str = "resnet",
+                 width: int = 4, batch_size: int = 64, device: str | torch.device = "cpu", seed: int = 0) -> None:
+        missing = {"x_train", "y_train", "x_val", "y_val"} - set(data)
+        if missing:
+            raise ValueError(f"data lacks {', '.join(sorted(missing))}: build it with dlo.lessons.hpo.trainer.load_cifar_tensors")
+        if arch not in ("resnet", "mlp"):
+            raise ValueError(f"unknown arch {arch!r}: use 'resnet' or 'mlp'")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.config = self._check_config(config)
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+        torch.manual_seed(seed)
+        if arch == "resnet":
+
+            model = resnet18_cifar(width=width)
+        else:
+            model = TinyMLP(hidden=width)
+        self.model = model.to(self.device)
+        self.data = {k: v.to(self.device) for k, v in data.items()}
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=self.config["lr"],
+                                         momentum=self.config["momentum"], weight_decay=self.config["weight_decay"])
+
+    @staticmethod
+    def _check_config(config: Mapping[str, Any]) -> dict[str, float]:
+        if not isinstance(config, Mapping):
+            raise ValueError(f"config must be a dict of hyper-parameters, got {type(config).__name__}")
+        unknown = sorted(set(config) - set(HPARAMS))
+        if unknown:
+            raise ValueError(f"unknown hyper-parameter(s) {', '.join(map(repr, unknown))}: the Trainer uses "
+                             f"{', '.join(HPARAMS)}")
+        if "lr" not in config:
+            raise ValueError("config needs 'lr', the learning rate")
+        out = {k: float(config.get(k, default)) for k, default in HPARAMS.items()}
+        if not (out["lr"] > 0 and out["weight_decay"] >= 0 and 0 <= out["momentum"] < 1):
+            raise ValueError(f"need lr > 0, weight_decay >= 0 and 0 <= momentum < 1, got {out}")
+        return out
+
+    def set_hparams(self, config: Mapping[str, Any]) -> None:
+        """New hyper-parameters for the next epochs, keeping the weights and the optimiser's momentum."""
+        self.config = self._check_config({**self.config, **config})
+        for group in self.optimizer.param_groups:
+            group.update(lr=self.config["lr"], momentum=self.config["momentum"],
+                         weight_decay=self.config["weight_decay"])
+
+    def train_epoch(self) -> float:
+        """One epoch over the training tensors (shuffled, seeded by ``seed`` and the epoch), then the accuracy."""
+        x, y = self.data["x_train"], self.data["y_train"]
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(len(y), generator=gen).to(self.device)
+        self.model.train()
+        for i in range(0, len(y), self.batch_size):
+            idx = order[i:i + self.batch_size]
+            loss = F.cross_entropy(self.model(x[idx]), y[idx])
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        self.epoch += 1
+        return self.evaluate()
+
+    @torch.inference_mode()
+    def evaluate(self) -> float:
+        """Accuracy on the validation tensors (eval mode; a diverged model scores what its argmax gives)."""
+        self.model.eval()
+        x, y = self.data["x_val"], self.data["y_val"]
+        correct = sum((self.model(x[i:i + 512]).argmax(1) == y[i:i + 512]).sum().item() for i in range(0, len(y), 512))
+        return correct / len(y)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": self.epoch,
+                "config": dict(self.config)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.epoch = int(state["epoch"])
+        self.config = self._check_config(state["config"])

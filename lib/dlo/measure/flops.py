@@ -1,0 +1,133 @@
+"""FLOPs per token, GPU peak throughput and MFU (model FLOPs utilisation).
+
+MFU answers "what fraction of the GPU's peak arithmetic did my training actually use?":
+
+    MFU = (model FLOPs per token x tokens per second) / peak FLOP/s
+
+("model" FLOPs: those the model mathematically needs, not counting recomputation from activation
+checkpointing, which would give the *hardware* FLOPs utilisation, HFU). Published LLM trainings reach
+roughly 35-50 % (see /work/shared/REFERENCES.md: Megatron-LM 41-48 % on H100, torchtitan Llama 3.1 8B
+≈33-39 %); below ~20 % something (data loading, communication, small matmuls) is usually wrong.
+
+FLOPs per token (the formula quoted in REFERENCES.md, from Kaplan et al. 2020 / PaLM appendix B):
+
+    training:  6N + 12·L·H·S        inference (forward only):  2N + 4·L·H·S
+
+- ``2N``: each parameter of a weight matrix does one multiply and one add per token in the forward pass;
+  the backward pass costs twice the forward (gradients w.r.t. activations *and* w.r.t. weights): 6N.
+- ``4·L·H·S``: attention scores ``Q·Kᵀ`` and the weighted sum ``P·V`` are matmuls *without* parameters:
+  per layer and token, ``S·H`` multiply-adds each, i.e. ``2·2·S·H`` FLOPs forward, ×3 for training:
+  ``12·L·H·S``. ``H`` is the width of the queries (``num_heads·head_dim``, the hidden size in Llama 3),
+  ``S`` the sequence length. The convention counts the full ``S×S`` matrix; a causal model could skip
+  half of it, so the term slightly overestimates for causal attention (a convention, not a bug: it keeps
+  MFU numbers comparable).
+
+Which N? By default the *non-embedding* parameters (Kaplan et al.): the input embedding is a table
+lookup, no FLOPs. Note that this convention also leaves out the output head (a ``H×V`` matmul that does
+cost ``2·H·V`` FLOPs per token, 12 % of Llama 3.2 3B's compute); ``include_embeddings=True`` uses all the
+parameters instead (as PaLM and many MFU reports do). Say which one you use when you report an MFU.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dlo.models.config import TransformerConfig
+from dlo.measure.memory import count_parameters
+
+TERA = 10**12
+
+
+def flops_per_token(model: TransformerConfig | int, seq_len: int, *, training: bool = True,
+                    include_embeddings: bool = False, num_layers: int | None = None,
+                    attention_width: int | None = None) -> float:
+    """Model FLOPs per token: ``6N + 12·L·H·S`` for training, ``2N + 4·L·H·S`` for a forward pass.
+
+    ``model``: a :class:`~dlo.models.config.TransformerConfig` (N, L and H are read from it) or a parameter
+    count N, then with ``num_layers`` (L) and ``attention_width`` (H, usually the hidden size) for the
+    attention term, which may be left out only with ``seq_len=0``. With an int, N is used as given
+    (``include_embeddings`` only applies to a config). As ``seq_len → 0`` this tends to 6N (2N).
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len must be a non-negative integer, got {seq_len!r}")
+    if isinstance(model, TransformerConfig):
+        counts = count_parameters(model)
+        n = counts["total"] if include_embeddings else counts["non_embedding"]
+        layers, width = model.num_layers, model.q_dim
+    else:
+        if isinstance(model, bool) or not isinstance(model, int) or model < 1:
+            raise ValueError(f"model must be a TransformerConfig or a positive parameter count, got {model!r}")
+        n, layers, width = model, num_layers, attention_width
+        if seq_len and (layers is None or width is None):
+            raise ValueError("the attention term needs num_layers and attention_width (hidden size) "
+                             "with a bare parameter count; or pass a TransformerConfig, or seq_len=0")
+    factor = 3 if training else 1  # backward = 2 x forward
+    attention = 4 * layers * width * seq_len if seq_len else 0
+    return float(factor * (2 * n + attention))
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Reference figures of one accelerator (vendor datasheets, dense, no sparsity; REFERENCES.md).
+
+    ``bf16_tflops``: dense 16-bit Tensor Core peak (fp16 for the V100, which has no bf16). These are
+    *peaks*: a large bf16 matmul reaches ≈80 % of them on an H100 (≈795 of 989 TFLOP/s, REFERENCES.md).
+    """
+
+    name: str
+    bf16_tflops: float
+    tf32_tflops: float | None
+    fp32_tflops: float
+    memory_gb: float
+    hbm_tb_s: float
+    note: str = ""
+
+    @property
+    def peak_flops(self) -> float:
+        """Dense 16-bit peak in FLOP/s, the usual denominator of MFU."""
+        return self.bf16_tflops * TERA
+
+
+#: Reference figures (vendor datasheets, dense, no sparsity), see /work/shared/REFERENCES.md; memory sizes
+#: are those of the listed variants (V100: 32 GB SXM2, a 16 GB one exists).
+GPU_PEAKS: dict[str, GpuSpec] = {
+    "V100": GpuSpec("V100 SXM2", 125.0, None, 15.7, 32, 0.9, "fp16 Tensor Core (no bf16 on Volta)"),
+    "A100": GpuSpec("A100 SXM 80 GB", 312.0, 156.0, 19.5, 80, 2.0),
+    "H100": GpuSpec("H100 SXM", 989.0, 494.0, 67.0, 80, 3.35),
+    "H200": GpuSpec("H200", 989.0, 494.0, 67.0, 141, 4.8, "same compute as the H100 SXM, more and faster HBM"),
+}
+
+# Variants whose peak differs from the table's (PCIe / NVL boards run at lower clocks and power), and
+# the GH200 superchip (an H100-class GPU, not an H200): not matched rather than matched wrongly.
+_EXCLUDED = re.compile(r"PCIE|NVL|\bGH200\b", re.IGNORECASE)
+
+
+def gpu_peak(name: str | None) -> GpuSpec | None:
+    """The table entry for a device name as ``torch.cuda.get_device_name()`` reports it, e.g.
+    "NVIDIA H100 80GB HBM3" → H100, "NVIDIA A100-SXM4-80GB" → A100, "Tesla V100-SXM2-32GB" → V100;
+    None when unknown (a CPU, another GPU) or for variants with another peak (H100/V100 PCIe, H200 NVL).
+    A100 PCIe boards have the A100 SXM's 16-bit peak and are matched."""
+    if not name:
+        return None
+    for key, spec in GPU_PEAKS.items():
+        if re.search(rf"(?<![A-Z0-9]){key}(?![0-9])", name, re.IGNORECASE):
+            if key != "A100" and _EXCLUDED.search(name):
+                return None
+            return spec
+    return None
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec) -> float:
+    """Model FLOPs utilisation: ``tokens_per_s · flops_per_token / peak_flops`` (a fraction, 0.4 = 40 %).
+
+    ``peak_flops`` in FLOP/s for the whole set of GPUs the tokens were processed on (a GpuSpec: one GPU);
+    for ``g`` GPUs use ``g · spec.peak_flops`` with the total throughput, or the per-GPU throughput."""
+    peak = peak_flops.peak_flops if isinstance(peak_flops, GpuSpec) else float(peak_flops)
+    if not peak > 0:
+        raise ValueError(f"peak_flops must be positive, got {peak_flops!r}")
+    if tokens_per_s < 0 or flops_per_token < 0:
+        raise ValueError("tokens_per_s and flops_per_token must be non-negative")
+    return tokens_per_s * flops_per_token / peak
+
+
+__all__ = ["TERA", "flops_per_token", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]

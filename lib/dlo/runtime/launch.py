@@ -1,0 +1,413 @@
+"""Where am I running, and with whom? Devices, distributed context, records and the launcher.
+
+A distributed PyTorch program is N copies of the same script that must agree on four numbers before they
+can talk: *who am I* (``rank``), *how many are we* (``world_size``), *which GPU of this node is mine*
+(``local_rank``) and *where do we meet* (``MASTER_ADDR:MASTER_PORT``). Two launchers hand out these
+numbers, each in its own environment variables:
+
+* ``torchrun`` (``python -m torch.distributed.run``) starts the N processes itself and sets ``RANK``,
+  ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``GROUP_RANK``;
+* Slurm's ``srun`` starts the N tasks across the allocated nodes and sets ``SLURM_PROCID``,
+  ``SLURM_LOCALID``, ``SLURM_NTASKS`` ... but nothing PyTorch reads directly.
+
+:func:`dist_context` reads either set (torchrun first), :func:`init_distributed` turns it into a process
+group, and :func:`launch` starts a script on N processes from a notebook or a test, streaming every
+line prefixed with its rank and collecting the JSON records the ranks wrote with :func:`write_record`.
+
+Typical worker script::
+
+    from dlo.runtime import distributed, write_record
+    import torch, torch.distributed as dist
+
+    with distributed() as ctx:          # gloo on CPU, nccl on GPU; no-op when run alone
+        t = torch.tensor([ctx.rank + 1.0])
+        if ctx.is_distributed:
+            dist.all_reduce(t)
+        write_record({"sum": t.item()})
+
+and from the notebook: ``records = launch("worker.py", nproc=2)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlo.runtime.records import RECORDS_ENV, _FAILURES_SUBDIR, _RECORD_FILE, read_records
+from dlo.runtime.paths import run_dir
+
+
+# ----------------------------------------------------------------------------------------------------
+# Launcher
+# ----------------------------------------------------------------------------------------------------
+class LaunchError(RuntimeError):
+    """A launched run failed. ``str(err)`` is one line; the details are attributes.
+
+    ``rank`` / ``exit_code`` / ``last_line``: the rank blamed (None if unknown) and what it said last;
+    ``log``: every output line, rank-prefixed; ``command``: what was run; ``records_dir``: where the
+    records, ``launch.log`` and torchrun's per-rank logs are; ``timed_out``: True when stopped by ``timeout_s``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        exit_code: int | None = None,
+        last_line: str = "",
+        log: str = "",
+        command: Sequence[str] = (),
+        records_dir: Path | None = None,
+        timed_out: bool = False,
+    ):
+        super().__init__(message)
+        self.rank = rank
+        self.exit_code = exit_code
+        self.last_line = last_line
+        self.log = log
+        self.command = list(command)
+        self.records_dir = records_dir
+        self.timed_out = timed_out
+
+
+
+def _check_nproc(nproc: Any) -> int:
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    return nproc
+
+
+def _check_args(args: Any) -> list[str]:
+    if isinstance(args, (str, bytes)):
+        raise ValueError(f"args must be a list of strings like ['--epochs', '3'], not the single string {args!r}")
+    return [str(a) for a in args]
+
+
+def build_launch_command(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    nproc: int = 2,
+    use_srun: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    log_dir: str | os.PathLike | None = None,
+) -> list[str]:
+    """The command :func:`launch` runs, as a list (no side effects, so it can be shown and tested).
+
+    * Inside a Slurm allocation (``SLURM_JOB_ID`` set) or with ``use_srun=True``:
+      ``srun --ntasks N --kill-on-bad-exit=1 --label --export=ALL python script args``. srun starts the
+      N tasks on the allocated nodes; ``--label`` prefixes each output line with the task number and
+      ``--kill-on-bad-exit`` stops every task as soon as one fails (otherwise the others hang in a collective).
+    * Elsewhere: ``python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node N --tee 3 script args``.
+      ``--standalone`` lets torchrun's rendezvous bind a free port itself (no port clash between runs),
+      ``--tee 3`` copies each worker's stdout and stderr to the console prefixed ``[default<rank>]:``.
+      ``log_dir`` (torchrun's ``--log-dir``) is where it keeps per-rank log files.
+    """
+    nproc = _check_nproc(nproc)
+    args = _check_args(args)
+    env = os.environ if environ is None else environ
+    if use_srun is None:
+        use_srun = bool(env.get("SLURM_JOB_ID"))
+    if use_srun:
+        return ["srun", "--ntasks", str(nproc), "--kill-on-bad-exit=1", "--label", "--export=ALL",
+                sys.executable, str(script), *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+           "--nproc-per-node", str(nproc), "--tee", "3"]
+    if log_dir is not None:
+        cmd += ["--log-dir", str(log_dir)]
+    return cmd + [str(script), *args]
+
+
+_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+_TORCHRUN_PREFIX = re.compile(r"^\[[A-Za-z_][A-Za-z_]*?(\d+)\]:(.*)$", re.S)  # "[default1]:text"
+_SRUN_PREFIX = re.compile(r"^\s*(\d+): ?(.*)$", re.S)  # " 1: text" (srun --label)
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_SRUN_FAILURE = re.compile(r"task (\d+): Exited with exit code (\d+)")
+
+
+def _last_meaningful(lines: Sequence[str]) -> str:
+    """The exception line after the last traceback, else the last non-blank line."""
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].startswith("Traceback (most recent call last)"):
+            for line in lines[start + 1 :]:
+                if line.strip() and not line[0].isspace():
+                    return line.strip()
+            break
+    for line in reversed(lines):
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _blame(
+    own_lines: Sequence[str],
+    per_rank: Mapping[int, Sequence[str]],
+    notes: Sequence[Mapping[str, Any]],
+    srun: bool,
+    returncode: int,
+) -> tuple[int | None, int | None, str]:
+    """Which rank to blame for a failed run: ``(rank or None, exit code, last meaningful line)``.
+
+    1. The failure notes written by the ranks' excepthook: the earliest exception wins.
+    2. Else the launcher's own report (torchrun's "rank : 1 ... exitcode : 1" summary, srun's
+       "task 1: Exited with exit code 1"): the lowest rank that exited with an error code, ranks killed
+       by a signal (negative codes, usually killed by the launcher itself) only if nothing else failed.
+    3. Else nobody in particular: the launcher's own last line (it may not have started any rank).
+    """
+    text = "\n".join(own_lines)
+    codes = {int(r): int(c) for r, c in (_SRUN_FAILURE if srun else _TORCHRUN_FAILURE).findall(text)}
+    if notes:
+        first = min(notes, key=lambda n: n["time"])
+        rank = int(first["rank"])
+        return rank, codes.get(rank, returncode), str(first["exception"])
+    if codes:
+        genuine = [r for r, c in codes.items() if c > 0]
+        rank = min(genuine or codes)
+        return rank, codes[rank], _last_meaningful(per_rank.get(rank, []))
+    return None, returncode, _last_meaningful(own_lines)
+
+
+def _pump(stream, out: queue.Queue) -> None:
+    """Reader thread: hand each line of one pipe to the caller's thread; None marks the end."""
+    for line in iter(stream.readline, ""):
+        out.put(line)
+    out.put(None)
+
+
+def _usable_cpus() -> int:
+    """Cores this process may run on (respects taskset / cgroup affinity, unlike os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no sched_getaffinity
+        return os.cpu_count() or 1
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 40.0) -> None:
+    """SIGTERM first (torchrun and srun then stop their workers cleanly), SIGKILL if that is not enough."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def expand_runs(args: Any, runs_json: str | None) -> list[tuple[str, Any]]:
+    """The configurations of a "several runs in one launch" script: ``[(name, args_for_that_run), ...]``.
+
+    ``runs_json`` (a script's ``--runs`` option) is a JSON list of dicts, each overriding some of the
+    parsed ``args`` (an ``argparse.Namespace``) and optionally naming the run (``"name"``, default
+    ``run<i>``); None or empty means one run with ``args`` as they are. Starting processes costs seconds,
+    so a notebook measures several configurations in one launch. A key that is not an option of the script
+    is a one-line error naming the options there are.
+    """
+    import argparse
+
+    runs = json.loads(runs_json) if runs_json else [{}]
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise ValueError(f"--runs must be a JSON list of dicts, got {runs_json!r}")
+    out = []
+    for i, overrides in enumerate(runs):
+        overrides = dict(overrides)
+        name = str(overrides.pop("name", f"run{i}"))
+        unknown = sorted(set(overrides) - set(vars(args)))
+        if unknown:
+            raise ValueError(f"--runs entry {name!r} sets unknown option(s) {', '.join(unknown)}: "
+                             f"use {', '.join(sorted(vars(args)))}")
+        out.append((name, argparse.Namespace(**{**vars(args), **overrides})))
+    return out
+
+
+def launch(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    nproc: int = 2,
+    *,
+    records_dir: str | os.PathLike | None = None,
+    env: Mapping[str, str | None] | None = None,
+    timeout_s: float | None = None,
+    use_srun: bool | None = None,
+    echo: bool = True,
+) -> list[dict]:
+    """Run ``script`` on ``nproc`` processes, stream their output, return the records they wrote.
+
+    Every line is printed as it arrives, prefixed with its origin: ``[rank1] ...`` for a worker,
+    ``[torchrun] ...`` / ``[srun] ...`` for the launcher itself (``echo=False`` keeps quiet). Printing
+    happens in the caller's thread, so it shows up in the right Jupyter cell.
+
+    The workers get ``DLO_RECORDS_DIR`` (``records_dir``, or a fresh ``runs/launch/<script>-<time>-*``
+    folder), ``PYTHONUNBUFFERED=1`` (lines arrive live, not in 8 KiB chunks when the process ends),
+    ``OMP_NUM_THREADS`` = cores / nproc unless set (N processes each using every core fight for them;
+    under srun, ``SLURM_CPUS_PER_TASK``),
+    plus ``env`` (a value of None removes that variable). Rank variables of the caller (``RANK``,
+    ``WORLD_SIZE``...) are not passed on: each rank gets its own from the launcher. Inside Slurm,
+    ``srun`` is used (see :func:`build_launch_command`).
+
+    If a rank fails, or ``timeout_s`` passes, raises :class:`LaunchError` naming the rank that failed
+    first, its exit code and its last meaningful line (usually the exception). The whole log is also
+    written to ``<records_dir>/launch.log``.
+    """
+    nproc = _check_nproc(nproc)
+    args = _check_args(args)
+    script_path = Path(script).expanduser().resolve()
+    if not script_path.is_file():
+        raise ValueError(f"script {script} does not exist (resolved to {script_path}): check the path")
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+
+    if records_dir is None:
+
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        folder = Path(tempfile.mkdtemp(prefix=f"{script_path.stem}-{stamp}-", dir=run_dir("launch")))
+    else:
+        folder = Path(records_dir).expanduser().resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(_RECORD_FILE.match(p.name) for p in folder.iterdir()):
+            raise ValueError(
+                f"records folder {folder} already holds rank*.jsonl from an earlier run: "
+                "pass an empty folder or records_dir=None"
+            )
+
+    # The ranks get their numbers from torchrun / srun, never from the caller (which may itself be a rank).
+    child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(str(key), None)
+        else:
+            child_env[str(key)] = str(value)
+    child_env[RECORDS_ENV] = str(folder)
+    child_env["PYTHONUNBUFFERED"] = "1"
+    srun = use_srun if use_srun is not None else bool(child_env.get("SLURM_JOB_ID"))
+    if srun:
+        job_tasks = child_env.get("SLURM_NTASKS", "").strip()
+        if use_srun is None and job_tasks.isdigit() and int(job_tasks) < nproc:
+            raise ValueError(
+                f"this Slurm job has {job_tasks} task(s) but launch() asked for nproc={nproc}: "
+                f"submit with --ntasks {nproc} (or --ntasks-per-node), "
+                "or pass use_srun=False to run torchrun on this node"
+            )
+        cpus = child_env.get("SLURM_CPUS_PER_TASK")
+        if cpus:
+            child_env.setdefault("OMP_NUM_THREADS", cpus)
+            child_env.setdefault("SRUN_CPUS_PER_TASK", cpus)  # srun >= 22.05 no longer inherits --cpus-per-task
+    else:
+        child_env.setdefault("OMP_NUM_THREADS", str(max(1, _usable_cpus() // nproc)))
+    command = build_launch_command(script_path, args, nproc, srun, child_env, log_dir=folder / "torchrun")
+    launcher = "srun" if srun else "torchrun"
+    worker_prefix = _SRUN_PREFIX if srun else _TORCHRUN_PREFIX
+
+    log_lines: list[str] = []
+    per_rank: dict[int, list[str]] = {}
+    own_lines: list[str] = []
+    latest: tuple[int, str] | None = None  # the last non-blank line any rank printed (for timeouts)
+
+    def emit(raw: str) -> None:
+        nonlocal latest
+        text = raw.rstrip("\n")
+        match = worker_prefix.match(text)
+        if match is not None:
+            rank, body = int(match.group(1)), match.group(2)
+            # torch.distributed already prefixes uncaught-exception lines with "[rank1]: ": keep one prefix
+            if body.startswith(f"[rank{rank}]:"):
+                body = body[len(f"[rank{rank}]:"):].removeprefix(" ")
+            per_rank.setdefault(rank, []).append(body)
+            if body.strip():
+                latest = (rank, body.strip())
+            shown = f"[rank{rank}] {body}"
+        else:
+            own_lines.append(text)
+            shown = f"[{launcher}] {text}"
+        log_lines.append(shown)
+        if echo:
+            print(shown, flush=True)
+
+    try:
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,  # our own process group, so a timeout can signal the launcher and only it
+        )
+    except FileNotFoundError:
+        raise RuntimeError(f"cannot start {command[0]!r}: is it installed and on PATH?") from None
+
+    lines: queue.Queue = queue.Queue()
+    readers = [threading.Thread(target=_pump, args=(pipe, lines), daemon=True) for pipe in (proc.stdout, proc.stderr)]
+    for reader in readers:
+        reader.start()
+    started = time.time()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    open_streams, timed_out, exited_at = 2, False, None
+    try:
+        while open_streams:
+            if deadline is not None and time.monotonic() > deadline and proc.poll() is None:
+                timed_out = True
+                _stop(proc)
+            try:
+                raw = lines.get(timeout=0.1)
+            except queue.Empty:
+                if proc.poll() is not None:
+                    # a stray grandchild may keep a pipe open after the launcher exited: do not wait forever
+                    exited_at = exited_at or time.monotonic()
+                    if time.monotonic() - exited_at > 5:
+                        break
+                continue
+            if raw is None:
+                open_streams -= 1
+            else:
+                emit(raw)
+        proc.wait()
+    except BaseException:  # KeyboardInterrupt from the notebook's stop button included: do not leave workers behind
+        _stop(proc, grace_s=10)
+        raise
+    finally:
+        (folder / "launch.log").write_text("\n".join(log_lines) + "\n", encoding="utf-8")
+
+    if proc.returncode == 0 and not timed_out:
+        return read_records(folder)
+
+    log = "\n".join(log_lines)
+    name = script_path.name
+    where = f"full log: {folder / 'launch.log'}"
+    if timed_out:
+        rank, last = latest if latest is not None else (None, _last_meaningful(own_lines))
+        shown = f"[rank{rank}] {last}" if rank is not None else (last or "(no output)")
+        raise LaunchError(
+            f"{name} on {nproc} processes timed out after {timeout_s:g} s and was stopped; "
+            f"last output: {shown} ({where})",
+            rank=rank, last_line=last, log=log, command=command, records_dir=folder, timed_out=True,
+        )
+
+    notes = []
+    for path in (folder / _FAILURES_SUBDIR).glob("rank*.json"):
+        with contextlib.suppress(ValueError, OSError):
+            note = json.loads(path.read_text(encoding="utf-8"))
+            if note.get("time", 0) >= started:  # ignore notes left by an earlier run in the same folder
+                notes.append(note)
+    rank, code, last = _blame(own_lines, per_rank, notes, srun, proc.returncode)
+    who = f"rank {rank}" if rank is not None else launcher
+    raise LaunchError(
+        f"{who} of {name} failed with exit code {code}: {last or '(no output)'} ({where})",
+        rank=rank, exit_code=code, last_line=last, log=log, command=command, records_dir=folder,
+    )

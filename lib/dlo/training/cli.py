@@ -1,0 +1,137 @@
+"""``dlo train``: the training loop from the command line (batch jobs, the kill-and-resume tests).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from dlo.training.config import TrainConfig
+from dlo.training.checkpoint import unwrap_model
+from dlo.training.loop import train
+from dlo import data
+from dlo.measure.bench import environment_info, save_json
+from dlo.runtime.device import pick_device
+from dlo.models.resnets import resnet18_cifar
+from dlo.data.augment import MixCutMix
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line: python -m dlo train
+# --------------------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dlo train", description="Train the CIFAR ResNet-18 with dlo's loop.")
+    p.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py (default: look, else generate)")
+    p.add_argument("--generated", action="store_true", help="force the generated CIFAR-format dataset")
+    p.add_argument("--n-train", type=int, default=2000, help="generated data: training images")
+    p.add_argument("--width", type=int, default=64, help="ResNet width (64 = standard ResNet-18)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--cudnn-benchmark", action="store_true")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--device", default=None, help="auto (default), cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt", default=None, help="checkpoint file (saved on SIGTERM/SIGUSR1 and at the end)")
+    p.add_argument("--ckpt-every", type=int, default=None)
+    p.add_argument("--resume", action="store_true", help="continue from --ckpt")
+    p.add_argument("--out", default=None, help="write the records and final metrics to this JSON file")
+    p.add_argument("--save-weights", default=None, help="write the final model state_dict to this file")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--no-progress", action="store_true")
+    r = p.add_argument_group("recipes (all off by default)")
+    r.add_argument("--resize-schedule", type=_schedule_arg, default=None, metavar="E:S,...",
+                   help="progressive resizing, e.g. 0:16,2:24,4:32 (from epoch E, images resized to SxS)")
+    r.add_argument("--batch-schedule", type=_schedule_arg, default=None, metavar="E:B,...",
+                   help="dynamic batch size, e.g. 0:64,3:128 (from epoch E, batches of B); overrides --batch-size")
+    r.add_argument("--scale-lr", action="store_true", help="with --batch-schedule: lr x batch / first batch")
+    r.add_argument("--ema-decay", type=float, default=None, help="EMA of the weights with this decay (e.g. 0.99)")
+    r.add_argument("--label-smoothing", type=float, default=0.0)
+    r.add_argument("--mixcutmix", action="store_true", help="MixUp / CutMix on each batch (dlo.data.augment.MixCutMix)")
+    r.add_argument("--eval", action="store_true", help="evaluate on the test split after each epoch")
+    r.add_argument("--tta", action="store_true", help="with --eval: test-time augmentation (image + flip)")
+    t = p.add_argument_group("experiment tracking")
+    t.add_argument("--tracking-dir", default=None, help="log to TensorBoard + MLflow (file store) under this folder")
+    t.add_argument("--run-name", default=None, help="the run's name in the tracking stores")
+    return p
+
+
+def _schedule_arg(text: str) -> list[tuple[int, int]]:
+    """'0:16,2:24' -> [(0, 16), (2, 24)] (argparse turns the ValueError into a one-line usage error)."""
+    try:
+        return [(int(e), int(v)) for e, v in (item.split(":") for item in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write EPOCH:VALUE pairs separated by commas, e.g. 0:16,2:24") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    device = pick_device(args.device)
+    if args.tta and not args.eval:
+        raise ValueError("--tta changes the evaluation: add --eval")
+    cfg = TrainConfig(epochs=args.epochs, steps=args.steps, lr=args.lr, amp=None if args.amp == "none" else args.amp,
+                      channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark, compile=args.compile,
+                      seed=args.seed, ckpt_path=args.ckpt, ckpt_every=args.ckpt_every, resume=args.resume,
+                      log_every=args.log_every, progress=not args.no_progress, eval_every_epoch=args.eval,
+                      resize_schedule=args.resize_schedule, batch_schedule=args.batch_schedule,
+                      scale_lr_with_batch=args.scale_lr, ema_decay=args.ema_decay, tta=args.tta,
+                      label_smoothing=args.label_smoothing, tracking_dir=args.tracking_dir, run_name=args.run_name)
+    generated = True if args.generated else None
+    train_set = data.cifar10("train", args.data_dir, data.train_transform(), generated=generated,
+                             n_train=args.n_train, seed=args.seed)
+    val_loader = None
+    if args.eval:
+        test_set = data.cifar10("test", args.data_dir, data.test_transform(), generated=generated,
+                                n_train=args.n_train, seed=args.seed, verbose=False)
+        val_loader = data.make_loader(test_set, 512, shuffle=False, num_workers=args.workers,
+                                      pin_memory=device.type == "cuda")
+    batch_transform = None
+    if args.mixcutmix:
+
+        batch_transform = MixCutMix(num_classes=10, generator=torch.Generator().manual_seed(args.seed))
+    torch.manual_seed(args.seed)
+    model = resnet18_cifar(width=args.width)
+
+    def make_loader(generator: torch.Generator, batch_size: int | None = None):
+        return data.make_loader(train_set, batch_size or args.batch_size, shuffle=True, num_workers=args.workers,
+                                drop_last=True, generator=generator, pin_memory=device.type == "cuda")
+
+    def on_step(step: int, loss: float) -> None:
+        print(f"step {step} loss {loss:.4f}", flush=True)
+
+    result = train(model, make_loader, cfg, device, val_loader=val_loader, on_step=on_step,
+                   batch_transform=batch_transform, track_params={"width": args.width, "dataset": train_set.source})
+    for r in result.records:
+        if r.get("event") == "epoch" and "val_accuracy" in r:
+            print(f"epoch {r['epoch']} val_accuracy {r['val_accuracy']:.4f}", flush=True)
+    if result.stopped_by:
+        print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint: {result.checkpoint} "
+              f"(rerun with --resume to continue)", flush=True)
+    if args.save_weights:
+        Path(args.save_weights).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(unwrap_model(result.model).state_dict(), args.save_weights)
+    if args.out:
+        save_json({"env": environment_info(device), "args": vars(args), "dataset": train_set.source,
+                   "step": result.step, "stopped_by": result.stopped_by, "records": result.records}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
