@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
+from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.device import synchronize
 import dlo
 
@@ -281,20 +282,17 @@ def environment_info(device: torch.device | str | None = None) -> dict[str, Any]
 
 
 def save_json(payload: Any, path: str | os.PathLike) -> Path:
-    """Write JSON atomically (temp file + rename), creating the folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    """Write JSON atomically (see :func:`dlo.runtime.atomic.atomic_write`), creating the folder."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def load_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text())
+    """The JSON in ``path``; a file that is not JSON is a one-line ValueError naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a JSON file ({exc}): write it again with save_json") from None
 
 
 def table(records: Iterable[dict[str, Any] | Measurement], columns: list[str] | None = None):
