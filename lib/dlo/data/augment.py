@@ -439,6 +439,19 @@ class MixCutMix:
         apply = cutmix if kind == "cutmix" else mixup
         return apply(images, labels, params, num_classes=self.num_classes)
 
+    def state_dict(self) -> dict:
+        """The generator's state (when it has its own): a checkpoint keeps it, so that a resumed run draws the
+        same mixes as one never stopped. Without a generator, MixCutMix draws from torch's global generator,
+        which the checkpoint keeps anyway."""
+        return {"generator": self.generator.get_state()} if self.generator is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.generator is not None and "generator" in state:
+            self.generator.set_state(state["generator"])
+        elif self.generator is not None:
+            raise ValueError("this checkpoint has no MixCutMix generator state: resume with the options of the run "
+                             "that wrote it")
+
     def __repr__(self) -> str:
         return (f"MixCutMix(num_classes={self.num_classes}, mixup_alpha={self.mixup_alpha}, "
                 f"cutmix_alpha={self.cutmix_alpha}, switch_prob={self.switch_prob}, per_sample={self.per_sample})")

@@ -1,7 +1,11 @@
-"""What the loop can do besides stepping: progressive resizing and dynamic batch size schedules, EMA of
-the weights, early stopping.
+"""What the loop can do besides stepping: the :class:`Callback` protocol (hooks the loop calls at the start,
+after each optimizer step and after each epoch), and the recipes built into the loop: progressive resizing and
+dynamic batch size schedules, EMA of the weights, early stopping, stop at a target accuracy.
 """
 from __future__ import annotations
+from typing import Callable
+from dataclasses import dataclass
+import time
 
 import os
 from pathlib import Path
@@ -150,3 +154,74 @@ class EarlyStopping:
         else:
             unwrap_model(model).load_state_dict(self._state)
         return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Callbacks: what a lesson adds to the one loop without copying it
+# --------------------------------------------------------------------------------------------------
+
+class Callback:
+    """Hooks of :func:`dlo.training.loop.train`. Override the ones you need; each gets the loop's
+    :class:`LoopState` (``step``, ``epoch``, ``total_steps``, the ``model`` and ``optimizer``).
+
+    - ``on_train_start(state)``: once, before the first step (after a resume: at the resumed step);
+    - ``on_step_end(state, loss)``: after each optimizer step; ``loss`` is a tensor on the device (reading it
+      with ``.item()`` synchronises the device: do it rarely);
+    - ``on_epoch_end(state, record)``: after each complete epoch and its evaluation; ``record`` is the epoch's
+      JSON record (``seconds``, ``train_loss``, ``val_accuracy`` ...), which the callback may extend. Return
+      True to stop the run (the reason is recorded as an ``{"event": "stopped_early"}`` record);
+    - ``state_dict()`` / ``load_state_dict(d)``: what the callback must keep across a checkpoint for an exact
+      resume (a random generator, a counter); saved with the run's checkpoint.
+    """
+
+    def on_train_start(self, state: "LoopState") -> None:
+        pass
+
+    def on_step_end(self, state: "LoopState", loss: torch.Tensor) -> None:
+        pass
+
+    def on_epoch_end(self, state: "LoopState", record: dict) -> bool | None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@dataclass
+class LoopState:
+    """What the loop shows its callbacks."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    total_steps: int
+    step: int = 0
+    epoch: int = 0
+
+
+class StopAtTarget(Callback):
+    """Stop after the first epoch whose validation accuracy reaches ``target`` (the race's rule), or once
+    ``time_budget_s`` seconds have passed on ``clock`` since ``start`` (checked after each epoch). Each epoch's
+    record gets ``time_s``: seconds on that clock at the end of the epoch's evaluation."""
+
+    def __init__(self, target: float, *, start: float, time_budget_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if not 0.0 < float(target) <= 1.0:
+            raise ValueError(f"target must be an accuracy in (0, 1], got {target!r}")
+        self.target, self.start, self.time_budget_s, self.clock = float(target), start, time_budget_s, clock
+        self.reached: dict | None = None
+        self.stopped_by: str | None = None
+
+    def on_epoch_end(self, state: LoopState, record: dict) -> bool:
+        if "val_accuracy" not in record:
+            raise ValueError("StopAtTarget watches the validation accuracy: pass val_loader= to train()")
+        record["time_s"] = self.clock() - self.start
+        if record["val_accuracy"] >= self.target:
+            self.reached, self.stopped_by = record, "target"
+            return True
+        if self.time_budget_s is not None and record["time_s"] > self.time_budget_s:
+            self.stopped_by = "time_budget"
+            return True
+        return False

@@ -17,11 +17,12 @@ import os
 import signal
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-from dlo.training.callbacks import EarlyStopping, batch_size_at, make_ema, resize_batch, resolution_at
+from dlo.training.callbacks import (Callback, EarlyStopping, LoopState, batch_size_at, make_ema, resize_batch,
+                                    resolution_at)
 from dlo.training.checkpoint import StopSignal, unwrap_model, load_checkpoint, save_checkpoint, set_rng_state
 from dlo.training.config import TrainConfig
 from dlo.runtime.context import is_main_process
@@ -71,6 +72,33 @@ class _IgnoreStopSignals:
             self.init(worker_id)
 
 
+def _to_device(targets: Any, device: torch.device) -> Any:
+    """The batch's targets on the device: a tensor, or a tuple / list / dict of them (a lesson's loss may need
+    more than the labels, e.g. the images' positions to look up a teacher's logits)."""
+    if isinstance(targets, torch.Tensor):
+        return targets.to(device, non_blocking=True)
+    if isinstance(targets, (tuple, list)):
+        return type(targets)(_to_device(t, device) for t in targets)
+    if isinstance(targets, dict):
+        return {k: _to_device(v, device) for k, v in targets.items()}
+    return targets
+
+
+def _schedule_options(cfg: TrainConfig, total: int) -> dict[str, Any]:
+    """The schedule's warm-up from the config: ``warmup_frac`` of the steps when set, else ``warmup_steps``
+    (onecycle: its rising phase, ``pct_start``, 0.25 by default)."""
+    if cfg.schedule == "onecycle":
+        if cfg.warmup_frac is None:
+            return {"pct_start": 0.25}
+        frac = cfg.warmup_frac
+        if total < 3:
+            raise ValueError(f"the onecycle schedule needs at least 3 optimizer steps, this run makes {total}: "
+                             "more epochs, a smaller batch, or another schedule")
+        return {"pct_start": min(max(frac, 2 / total), 1 - 1 / total)}
+    warmup = cfg.warmup_steps if cfg.warmup_frac is None else int(cfg.warmup_frac * total)
+    return {"warmup_steps": min(warmup, max(total - 1, 0))}
+
+
 def _build_loader(make_loader: Callable, seed: int, epoch: int, batch_size: int | None):
     if batch_size is None:
         return make_loader(epoch_generator(seed, epoch))
@@ -105,7 +133,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
           device: torch.device | str = "cpu", val_loader=None,
           on_step: Callable[[int, float], None] | None = None,
           batch_transform: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
-          track_params: dict[str, Any] | None = None) -> TrainResult:
+          track_params: dict[str, Any] | None = None, callbacks: Sequence[Callback] = (),
+          criterion: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+          optimizer: torch.optim.Optimizer | None = None) -> TrainResult:
     """Train ``model`` on batches from ``make_loader(generator)`` with ``cfg``'s optimizer and schedule
     (default: SGD with Nesterov momentum and a one-cycle schedule; weight decay only on weights, not on
     biases and BatchNorm parameters, see :func:`dlo.training.optim.param_groups`).
@@ -127,6 +157,15 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     - ``batch_transform(images, labels) -> (images, targets)``: applied to each batch on the device, after
       the resize (e.g. :class:`dlo.data.augment.MixCutMix`); soft targets ``[B, K]`` are trained with
       :func:`dlo.data.augment.soft_cross_entropy` (see :func:`soft_target_criterion`).
+
+    What a lesson adds goes in ``callbacks`` (:class:`dlo.training.callbacks.Callback`: hooks at the start, after
+    each step, after each epoch, which can stop the run; their ``state_dict`` is checkpointed). ``criterion``
+    replaces the loss (default: cross-entropy with ``cfg.label_smoothing``, soft-target cross-entropy with a
+    ``batch_transform``); it gets the model's output and the batch's targets, which may be a tensor or a
+    tuple/dict of tensors (all moved to the device). ``optimizer``: a ready optimizer instead of
+    ``cfg.optimizer`` (its learning rate is then the optimizer's own; ``cfg.schedule=None`` keeps it constant).
+    A ``batch_transform`` with ``state_dict`` / ``load_state_dict`` (e.g. MixCutMix's generator) is
+    checkpointed too, so that a resumed run draws the same mixes.
 
     ``cfg.tracking_dir`` (or, when it is None, the environment variable ``DLO_TRACKING_DIR``: export it in
     a batch job and every run of every notebook is logged): the run's hyper-parameters (``cfg`` plus
@@ -152,8 +191,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
         raise ValueError("early_stopping watches the validation accuracy: pass val_loader= and keep eval_every_epoch=True")
     if cfg.batch_schedule is not None:
         _check_loader_takes_batch_size(make_loader)
-    optimizer = make_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-                               **({"betas": tuple(cfg.betas)} if cfg.betas is not None else {}))
+    if optimizer is None:
+        optimizer = make_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                   momentum=cfg.momentum, **({"betas": tuple(cfg.betas)} if cfg.betas is not None else {}))
 
     def batch_at(epoch: int) -> int | None:
         return None if cfg.batch_schedule is None else batch_size_at(cfg.batch_schedule, epoch)
@@ -167,13 +207,15 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
         raise ValueError(f"an epoch has no batch (steps per epoch: {epoch_steps}): use a smaller batch size or "
                          "drop_last=False")
     total = cfg.steps if cfg.steps is not None else sum(epoch_steps)
-    scheduler = make_scheduler(cfg.schedule, optimizer, total, warmup_steps=cfg.warmup_steps,
-                               **({"pct_start": 0.25} if cfg.schedule == "onecycle" else {}))
+    scheduler = None if cfg.schedule is None else make_scheduler(cfg.schedule, optimizer, total,
+                                                                 **_schedule_options(cfg, total))
     scaler = make_grad_scaler(device, dtype)
-    if batch_transform is None:
-        criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
-    else:
-        criterion = soft_target_criterion(cfg.label_smoothing)
+    if criterion is None:
+        criterion = (nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing) if batch_transform is None
+                     else soft_target_criterion(cfg.label_smoothing))
+    stateful = {f"callback{i}": cb for i, cb in enumerate(callbacks)}
+    if batch_transform is not None and hasattr(batch_transform, "state_dict"):
+        stateful["batch_transform"] = batch_transform
     step_fn = make_train_step(model, optimizer, criterion, device, dtype, scaler, cfg.clip_grad_norm, cfg.accum_steps)
     early = EarlyStopping(patience=cfg.early_stopping, mode="max") if cfg.early_stopping is not None else None
     ema = make_ema(model, cfg.ema_decay) if cfg.ema_decay is not None else None
@@ -194,6 +236,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                 raise ValueError(f"the checkpoint {cfg.ckpt_path} has no EMA weights: resume with the ema_decay "
                                  "of the run that wrote it")
             ema.load_state_dict(state["extra"]["ema"])
+        for key, obj in stateful.items():
+            if key in state["extra"].get("stateful", {}):
+                obj.load_state_dict(state["extra"]["stateful"][key])
         step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]
         result.records.append({"event": "resumed", "step": step, "epoch": epoch})
     else:
@@ -208,6 +253,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
         tracker = Tracker(tracking_dir, params, run_name=cfg.run_name)
         result.tracking_run_id = tracker.run_id
 
+    loop_state = LoopState(model=model, optimizer=optimizer, total_steps=total, step=step, epoch=epoch)
+    for cb in callbacks:
+        cb.on_train_start(loop_state)
     bar = tqdm(total=total, initial=step, desc="train", disable=not cfg.progress, leave=False)
     model.train()
     t_start = time.perf_counter()
@@ -224,8 +272,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                     state = None
                 b = skip
                 t_epoch = time.perf_counter()
+                loss_sum, loss_steps = torch.zeros((), device=device), 0  # the epoch's mean loss, read once
                 for images, labels in it:
-                    images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+                    images, labels = images.to(device, non_blocking=True), _to_device(labels, device)
                     if side is not None:
                         images = resize_batch(images, side)
                     if batch_transform is not None:
@@ -243,8 +292,14 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                             g["lr"] = v
                     if ema is not None:
                         ema.update_parameters(unwrap_model(model))
-                    scheduler.step()
+                    if scheduler is not None:
+                        scheduler.step()
                     step, b = step + 1, b + 1
+                    loss_sum += loss.detach().float()
+                    loss_steps += 1
+                    loop_state.step, loop_state.epoch = step, epoch
+                    for cb in callbacks:
+                        cb.on_step_end(loop_state, loss)
                     bar.update(1)
                     if step % cfg.log_every == 0 or step == total:
                         loss_value = loss.item()  # one synchronisation every log_every steps, not every step
@@ -260,6 +315,7 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                         save_checkpoint(cfg.ckpt_path, model=model, optimizer=optimizer, scheduler=scheduler,
                                         scaler=scaler, step=step, epoch=epoch + done_epoch,
                                         batch_in_epoch=0 if done_epoch else b, total_steps=total,
+                                        stateful={k: obj.state_dict() for k, obj in stateful.items()},
                                         **({"ema": ema.state_dict()} if ema is not None else {}))
                         result.checkpoint = cfg.ckpt_path
                     if stop:
@@ -275,14 +331,18 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                     synchronize(device)  # the GPU may still be running the last steps: count them in the epoch
                     record = {"event": "epoch", "epoch": epoch, "step": step,
                               "seconds": time.perf_counter() - t_epoch}
+                    if loss_steps:  # steps of this epoch run in this process (a resumed epoch counts its own)
+                        record["train_loss"] = loss_sum.item() / loss_steps
                     if batch_size is not None:
                         record["batch_size"] = batch_size
                     if side is not None:
                         record["resolution"] = side
                     if val_loader is not None and cfg.eval_every_epoch:
+                        t_eval = time.perf_counter()
                         metrics = evaluate(eval_model, val_loader, device, dtype, cfg.channels_last,
                                            **({"tta": True} if cfg.tta else {}))
-                        record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"])
+                        record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"],
+                                      eval_seconds=time.perf_counter() - t_eval)
                     result.records.append(record)
                     if tracker is not None:
                         tracker.log({f"val/{k[4:]}" if k.startswith("val_") else f"epoch/{k}": v
@@ -292,6 +352,10 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                         result.records.append({"event": "early_stop", "epoch": epoch, "step": step,
                                                "best_epoch": early.best_index, "best_val_accuracy": early.best,
                                                "patience": early.patience})
+                        break
+                    loop_state.step, loop_state.epoch = step, epoch
+                    if any([bool(cb.on_epoch_end(loop_state, record)) for cb in callbacks]) and step < total:
+                        result.records.append({"event": "stopped_early", "epoch": epoch, "step": step})
                         break
                     epoch, skip = epoch + 1, 0
                 else:
