@@ -189,18 +189,25 @@ def test_random_crop_flip_takes_a_window_of_the_padded_image_and_maybe_mirrors_i
     assert race.random_crop_flip(cl, p, True, gen).is_contiguous(memory_format=torch.channels_last)
 
 
-def test_tta_averages_the_logits_of_the_image_and_its_mirror():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 10))
-    x, y = torch.randn(20, 3, 4, 4), torch.randint(0, 10, (20,))
-    got = race.evaluate_tta(model, [(x, y)], torch.device("cpu"), tta=True)
-    with torch.no_grad():
-        logits = (model(x) + model(x.flip(-1))) / 2
-    assert got["accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item())
-    assert got["loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
-    plain = race.evaluate_tta(model, [(x, y)], torch.device("cpu"), tta=False)
-    with torch.no_grad():
-        assert plain["loss"] == pytest.approx(nn.functional.cross_entropy(model(x), y).item(), rel=1e-6)
+def test_the_race_uses_the_one_tta_definition(monkeypatch):
+    """The race has no TTA of its own: its evaluation is the loop's, whose TTA (mean of the softmax of the image
+    and of its mirror) is pinned in test_recipes.py. A recipe with tta=True must reach it with tta=True."""
+    import dlo.training.loop
+
+    seen = []
+    real = dlo.training.loop.evaluate
+
+    def spy(*args, **kw):
+        seen.append(kw.get("tta", False))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dlo.training.loop, "evaluate", spy)
+    assert not hasattr(race, "evaluate_tta")
+    run(TINY.replace(tta=True), target=1.0, max_epochs=1)
+    assert seen and all(t is True for t in seen)
+    seen.clear()
+    run(TINY.replace(tta=False), target=1.0, max_epochs=1)
+    assert seen and not any(seen)
 
 
 def _entry(name, reached_at, best, target=0.5, data="generated"):
