@@ -115,6 +115,26 @@ def test_plain_torchvision_cifar10_reads_generated_files(gen_root, monkeypatch):
     assert np.array_equal(plain.data, ours.data) and plain.targets == ours.targets
 
 
+def test_safe_reader_gives_what_torchvision_gives(gen_root, tmp_path, monkeypatch):
+    """CIFAR10Files (no pickle.load) reads the same arrays, labels and classes as torchvision's CIFAR10."""
+    no_md5_check(monkeypatch)
+    for train in (True, False):
+        ours = data.format.CIFAR10Files(str(gen_root), train=train)
+        plain = torchvision.datasets.CIFAR10(str(gen_root), train=train)
+        assert ours.data.dtype == plain.data.dtype and ours.data.shape == plain.data.shape
+        assert np.array_equal(ours.data, plain.data) and ours.targets == plain.targets
+        assert ours.classes == plain.classes and ours.class_to_idx == plain.class_to_idx
+    # Python 3 pickles of the same content (numpy._core names, str keys; protocol 5 arrays) are read too.
+    folder = gen_root / data.BASE_FOLDER
+    with open(folder / "test_batch", "rb") as f:
+        entry = pickle.load(f, encoding="latin1")
+    for protocol in (2, pickle.HIGHEST_PROTOCOL):
+        py3 = tmp_path / f"py3-{protocol}.pickle"
+        py3.write_bytes(pickle.dumps(entry, protocol=protocol))
+        again = data.format.load_batch(py3)
+        assert np.array_equal(again["data"], entry["data"]) and again["labels"] == entry["labels"]
+
+
 def test_generated_classes_are_balanced(gen_root):
     train = data.GeneratedCIFAR10(gen_root, train=True)
     test = data.GeneratedCIFAR10(gen_root, train=False)
@@ -261,7 +281,8 @@ def test_real_data_path(gen_root, tmp_path, monkeypatch, capsys):
     root = copy_as_real(gen_root, tmp_path / "real")
     no_md5_check(monkeypatch)  # stands in for genuine CIFAR-10 files
     ds = data.cifar10("train", data_dir=root / data.BASE_FOLDER, transform=data.test_transform())
-    assert ds.is_generated is False and type(ds) is torchvision.datasets.CIFAR10
+    assert ds.is_generated is False and type(ds) is data.format.CIFAR10Files
+    assert isinstance(ds, torchvision.datasets.CIFAR10)
     assert ds.source == f"real CIFAR-10 from {root / data.BASE_FOLDER} ({N_TRAIN} train images)"
     assert capsys.readouterr().out.strip() == f"[dlo.data] {ds.source}"
     image, label = ds[0]

@@ -22,13 +22,13 @@ from dlo.runtime import atomic
 # --------------------------------------------------------------------------------------------------
 
 class _WritesMarker:
-    """Unpickling this object calls ``Path(marker).write_text(...)``: what an attacker's file would do."""
+    """Unpickling this object creates the file ``marker`` (calls ``open(marker, "w")``): what a crafted file would do."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
     def __reduce__(self):
-        return (Path.write_text, (self.marker, "code ran"))
+        return (open, (str(self.marker), "w"))
 
 
 def _crafted_bytes(marker: Path, *, wrapped: bool = True) -> bytes:
@@ -139,3 +139,81 @@ def test_atomic_write_gives_the_usual_permissions(tmp_path):
     mask = os.umask(0o022)
     os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
+
+
+# --------------------------------------------------------------------------------------------------
+# Data batches: generated folders list their own md5 sums, so the md5 check cannot be what protects
+# --------------------------------------------------------------------------------------------------
+
+def _one_line(exc_info) -> str:
+    msg = str(exc_info.value)
+    assert msg and "\n" not in msg, f"error message should be one line: {msg!r}"
+    return msg
+
+
+@pytest.fixture()
+def no_data_env(tmp_path, monkeypatch):
+    from dlo.runtime import paths
+
+    monkeypatch.delenv("DLO_DATA_DIR", raising=False)
+    monkeypatch.delenv("DSDIR", raising=False)
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(paths, "ROOT", tmp_path / "project")
+
+
+def _plant(folder: Path, name: str, marker: Path) -> None:
+    (folder / name).write_bytes(_crafted_bytes(marker))
+
+
+@pytest.mark.parametrize("name", ["data_batch_1", "batches.meta"])
+def test_crafted_batch_in_a_generated_folder_runs_no_code(tmp_path, monkeypatch, no_data_env, name):
+    """A folder with GENERATED.json supplies its own md5 sums: whoever plants a file can update them too."""
+    from dlo import data
+    from dlo.data.format import _md5
+
+    root = data.make_generated_cifar10(tmp_path / "gen", n_train=10, n_test=10, seed=0)
+    folder = root / data.BASE_FOLDER
+    marker = tmp_path / "code-ran"
+    _plant(folder, name, marker)
+    meta = json.loads((folder / data.MARKER_NAME).read_text())
+    meta["md5"][name] = _md5(folder / name)
+    (folder / data.MARKER_NAME).write_text(json.dumps(meta))
+    monkeypatch.setenv("DLO_DATA_DIR", str(root))
+    with pytest.raises(ValueError) as exc:
+        data.cifar10("train", verbose=False)
+    assert not marker.exists(), "loading a data file ran code from it"
+    msg = _one_line(exc)
+    assert str(folder / name) in msg and "io.open" in msg
+
+
+@pytest.mark.parametrize("name", ["data_batch_1", "batches.meta"])
+def test_crafted_batch_in_a_real_looking_folder_runs_no_code(tmp_path, monkeypatch, no_data_env, name):
+    """Even if a crafted file passed the md5 check of real CIFAR-10 (md5 has known collisions), nothing runs."""
+    import shutil
+
+    import torchvision.datasets.cifar as tv_cifar
+
+    from dlo import data
+
+    gen = data.make_generated_cifar10(tmp_path / "gen", n_train=10, n_test=10, seed=0)
+    root = tmp_path / "real"
+    shutil.copytree(gen / data.BASE_FOLDER, root / data.BASE_FOLDER)
+    (root / data.BASE_FOLDER / data.MARKER_NAME).unlink()
+    marker = tmp_path / "code-ran"
+    _plant(root / data.BASE_FOLDER, name, marker)
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+    with pytest.raises(ValueError) as exc:
+        data.cifar10("train", data_dir=root, generated=False, verbose=False)
+    assert not marker.exists(), "loading a data file ran code from it"
+    msg = _one_line(exc)
+    assert str(root / data.BASE_FOLDER / name) in msg and "io.open" in msg
+
+
+def test_a_batch_file_of_random_bytes_is_one_line(tmp_path):
+    from dlo.data.format import load_batch
+
+    path = tmp_path / "data_batch_1"
+    path.write_bytes(os.urandom(4000))
+    with pytest.raises(ValueError) as exc:
+        load_batch(path)
+    assert str(path) in _one_line(exc)

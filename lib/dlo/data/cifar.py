@@ -13,11 +13,13 @@ Where real CIFAR-10 is looked for, in this order:
 4. ``<project>/data`` (where ``download=True`` puts it when no folder was given).
 
 A folder you *name* (argument or ``DLO_DATA_DIR``) must hold the data: a wrong path is an error, never a
-quiet switch to generated images. Real data is read by ``torchvision.datasets.CIFAR10`` with its md5 check.
+quiet switch to generated images. Real data is checked against torchvision's md5 sums and read by
+:class:`~dlo.data.format.CIFAR10Files` (torchvision's ``CIFAR10`` without ``pickle.load``: no code in a data
+file can run).
 
 When no real data is found (compute nodes have no internet, and CIFAR-10 cannot be downloaded there),
 :func:`make_generated_cifar10` writes a *generated* dataset in the exact ``cifar-10-batches-py`` pickle
-format, and the same torchvision class reads it; only the md5 list differs (it comes from the generated
+format, and the same dataset class reads it; only the md5 list differs (it comes from the generated
 folder's ``GENERATED.json`` marker instead of torchvision's table). Generated images are class-dependent
 textures, learnable but not trivial, so the lessons on speed (throughput, loaders, mixed precision,
 compilation, distribution) behave as on CIFAR-10; accuracies are *not* CIFAR-10 accuracies.
@@ -35,7 +37,7 @@ from dlo.runtime import paths
 
 from torchvision.datasets import CIFAR10  # noqa: E402
 from torchvision.datasets.utils import check_integrity  # noqa: E402
-from dlo.data.format import BASE_FOLDER, MARKER_NAME, _ALL_FILES, _META_FILE
+from dlo.data.format import BASE_FOLDER, MARKER_NAME, _ALL_FILES, _META_FILE, CIFAR10Files
 from dlo.data.generated import GeneratedCIFAR10, _check_count, _check_seed, _existing_problem, generated_cache_root, make_generated_cifar10
 # Sub-folders of a data directory (or of $DSDIR) that may hold cifar-10-batches-py.
 SEARCH_LAYOUTS: tuple[str, ...] = (
@@ -137,13 +139,13 @@ def _open_real(root: Path, train: bool, transform, download: bool) -> CIFAR10:
     if download:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            CIFAR10(str(root), train=train, download=True)  # no-op when the files are already intact
+            CIFAR10Files(str(root), train=train, download=True)  # no download when the files are already intact
         except Exception as exc:  # noqa: BLE001 - any network/disk failure gets the same advice
             raise RuntimeError(f"downloading CIFAR-10 into {root} failed ({type(exc).__name__}: {exc}); compute nodes "
                                f"usually have no internet: download on a login node, or leave download=False to "
                                f"use the generated dataset") from None
     try:
-        return CIFAR10(str(root), train=train, transform=transform, download=False)
+        return CIFAR10Files(str(root), train=train, transform=transform, download=False)
     except RuntimeError:
         pass
     expected = {name: md5 for name, md5 in CIFAR10.train_list + CIFAR10.test_list}

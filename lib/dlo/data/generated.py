@@ -19,7 +19,8 @@ from dlo.runtime import paths
 
 from torchvision.datasets import CIFAR10  # noqa: E402
 from torchvision.datasets.utils import check_integrity  # noqa: E402
-from dlo.data.format import BASE_FOLDER, CLASSES, MARKER_NAME, _ALL_FILES, _META_FILE, _TEST_FILE, _TRAIN_FILES, _md5
+from dlo.data.format import (BASE_FOLDER, CLASSES, MARKER_NAME, _ALL_FILES, _META_FILE, _NP_RECONSTRUCT, _TEST_FILE,
+                             _TRAIN_FILES, CIFAR10Files, _md5)
 
 _GENERATED_FORMAT = "dlo-generated-cifar10"
 # Bump when the generator's output changes: caches written by an older version are then regenerated.
@@ -30,9 +31,6 @@ _MIN_IMAGES = 10  # at least one image per class
 # --------------------------------------------------------------------------------------------------------
 # Writing the cifar-10-batches-py format
 # --------------------------------------------------------------------------------------------------------
-
-_NP_RECONSTRUCT = np.empty(0).__reduce__()[0]
-
 
 class _Py2Pickler(pickle._Pickler):  # type: ignore[name-defined]
     """Pickles like the Python 2 ``cPickle`` that wrote the real CIFAR-10 files (protocol 2).
@@ -372,13 +370,15 @@ def generated_cache_root(n_train: int = 10000, n_test: int = 2000, seed: int = 0
     return paths.CACHE_DIR / "data" / f"generated-cifar10-seed{seed}-{n_train}-{n_test}"
 
 
-class GeneratedCIFAR10(CIFAR10):
-    """torchvision's CIFAR10, reading a generated folder: only the md5 sums it checks are different.
+class GeneratedCIFAR10(CIFAR10Files):
+    """The CIFAR10 dataset class of real data (:class:`~dlo.data.format.CIFAR10Files`), reading a generated
+    folder: only the md5 sums it checks are different.
 
     torchvision compares each file with the md5 of the real CIFAR-10, which generated files cannot match.
-    Here the expected sums come from the folder's ``GENERATED.json``, and torchvision's own code does the
-    checking and the reading. So the real and the generated dataset go through the same code path, and
-    a changed or truncated generated file is still caught.
+    Here the expected sums come from the folder's ``GENERATED.json``, and the same code as for real data does
+    the checking and the reading. So the real and the generated dataset go through the same code path, and
+    a changed or truncated generated file is still caught. Whoever can write the folder can also write its
+    md5 sums: that is why the files are read without unpickling arbitrary objects (a crafted file is refused).
     """
 
     def __init__(self, root: str | os.PathLike, train: bool = True, transform=None, target_transform=None) -> None:
