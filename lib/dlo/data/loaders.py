@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -187,3 +187,18 @@ def synthetic_batch(batch_size: int, device: str | torch.device = "cpu", seed: i
     images = torch.randn(batch_size, 3, _SIZE, _SIZE, generator=gen)
     labels = torch.randint(0, len(CLASSES), (batch_size,), generator=gen)
     return _to_device((images, labels), torch.device(device), channels_last)
+
+
+class Batches:
+    """A re-iterable source of batches with a length: what :func:`dlo.training.loop.train` asks of a loader,
+    for data that lives in tensors already (a lesson's small dataset preloaded on the device). ``make()``
+    returns a fresh iterator of ``(inputs, targets)`` each time it is called."""
+
+    def __init__(self, make: Callable[[], Iterable], length: int) -> None:
+        self.make, self.length = make, length
+
+    def __iter__(self) -> Iterator:
+        return iter(self.make())
+
+    def __len__(self) -> int:
+        return self.length

@@ -28,6 +28,9 @@ from torch import nn
 from torch.nn.utils import prune
 
 from dlo.runtime.device import synchronize
+from dlo.data.loaders import Batches
+from dlo.training.config import TrainConfig
+from dlo.training.loop import train
 
 PRUNABLE = (nn.Conv2d, nn.Linear)
 
@@ -93,8 +96,9 @@ def fit_classifier(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
                    epochs: int, batch_size: int = 64, lr: float = 0.05, seed: int = 0,
                    eval_data: tuple[torch.Tensor, torch.Tensor] | None = None,
                    progress: str | None = None) -> list[dict[str, Any]]:
-    """Train ``model`` in place with SGD (momentum 0.9, cosine decay) on tensors; returns one record per epoch
-    (mean training loss, and test accuracy when ``eval_data`` is given).
+    """Train ``model`` in place with SGD (momentum 0.9, weight decay 5e-4, cosine decay) on tensors, with the
+    package's one loop (:func:`dlo.training.loop.train`); returns one record per epoch (mean training loss, and
+    test accuracy when ``eval_data`` is given).
 
     At each step ``loss_fn(logits, labels, index, flipped)`` gives the loss: ``index`` holds the positions of
     the batch's images in ``images`` and ``flipped`` says whether the batch was mirrored (the only
@@ -103,40 +107,39 @@ def fit_classifier(model: nn.Module, images: torch.Tensor, labels: torch.Tensor,
     in the same order: with the same initial weights, runs that differ by their ``loss_fn`` only differ by it.
     ``images`` / ``labels`` are already on the model's device (a small dataset preloaded once).
     """
-    from tqdm.auto import tqdm
-
-    if epochs < 1:
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    gen = torch.Generator().manual_seed(seed)
     steps_per_epoch = len(images) // batch_size
     if steps_per_epoch < 1:
         raise ValueError(f"{len(images)} images make no full batch of {batch_size}")
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * steps_per_epoch)
-    records = []
-    bar = tqdm(total=epochs * steps_per_epoch, desc=progress, leave=False, disable=progress is None)
-    for epoch in range(epochs):
-        model.train()
+
+    def epoch_batches(gen: torch.Generator):
         order = torch.randperm(len(images), generator=gen).to(images.device)
-        total = torch.zeros((), device=images.device)
         for s in range(steps_per_epoch):
             idx = order[s * batch_size:(s + 1) * batch_size]
-            x, y = images[idx], labels[idx]
             flipped = bool(torch.rand((), generator=gen) < 0.5)
-            if flipped:
-                x = x.flip(-1)
-            loss = loss_fn(model(x), y, idx, flipped)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += loss.detach()
-            bar.update(1)
-        rec = {"epoch": epoch + 1, "train_loss": total.item() / steps_per_epoch}
-        if eval_data is not None:
-            rec["test_accuracy"] = accuracy(model, *eval_data)
-        records.append(rec)
-    bar.close()
+            x = images[idx].flip(-1) if flipped else images[idx]
+            yield x, (labels[idx], idx, flipped)
+
+    def make_loader(gen: torch.Generator) -> Batches:
+        return Batches(lambda: epoch_batches(gen), steps_per_epoch)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
+    cfg = TrainConfig(epochs=epochs, lr=lr, schedule="warmup_cosine", seed=seed, progress=progress is not None,
+                      log_every=epochs * steps_per_epoch + 1)
+    val = None
+    if eval_data is not None:
+        x_val, y_val = eval_data
+        val = [(x_val[i:i + 256], y_val[i:i + 256]) for i in range(0, len(y_val), 256)]
+    result = train(model, make_loader, cfg, images.device, val_loader=val, optimizer=optimizer,
+                   criterion=lambda logits, t: loss_fn(logits, t[0], t[1], t[2]))
+    records = []
+    for r in result.records:
+        if r["event"] == "epoch":
+            rec = {"epoch": r["epoch"] + 1, "train_loss": r["train_loss"]}
+            if eval_data is not None:
+                rec["test_accuracy"] = r["val_accuracy"]
+            records.append(rec)
     return records
 
 
@@ -313,7 +316,7 @@ def decode_step_times(model: nn.Module, context_lengths: Iterable[int], *, use_c
 
 
 __all__ = [
-    "PRUNABLE", "distillation_loss", "SmallCNN", "MLP", "accuracy", "predict_logits", "teacher_logits_table", "fit_classifier",
+    "PRUNABLE", "distillation_loss", "accuracy", "predict_logits", "teacher_logits_table", "fit_classifier",
     "model_size_bytes", "prunable", "layer_sparsity", "sparsity", "prune_global", "mask_2_4", "prune_2_4", "remove_masks",
     "kv_cache_bytes", "cache_nbytes", "greedy_generate", "decode_step_times",
 ]

@@ -62,6 +62,7 @@ from dlo.training.loop import train
 from dlo.lessons.leaderboard import append_to_leaderboard
 from dlo.lessons.leaderboard import check_target, check_writable
 from dlo.data.format import CIFAR10_MEAN, CIFAR10_STD
+from dlo.data.loaders import Batches
 from dlo import data
 from dlo.data.cifar import find_cifar10
 from dlo.runtime.device import pick_device
@@ -381,19 +382,6 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: 
     return out
 
 
-class _Batches:
-    """A re-iterable source of batches with a length (what the training loop asks of a loader)."""
-
-    def __init__(self, make: Callable[[], Iterable], length: int) -> None:
-        self.make, self.length = make, length
-
-    def __iter__(self):
-        return iter(self.make())
-
-    def __len__(self) -> int:
-        return self.length
-
-
 def _train_batches(d: RaceData, recipe: Recipe, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch of preloaded training batches, shuffled and augmented on the device. ``generator`` (the
     loop's, on the CPU, seeded by the run's seed and the epoch) seeds a generator on the data's device."""
@@ -537,9 +525,9 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     def make_loader(generator: torch.Generator):
         if d.mode == "loader":
             return d.train_loader
-        return _Batches(lambda: _train_batches(d, recipe, generator), steps_per_epoch)
+        return Batches(lambda: _train_batches(d, recipe, generator), steps_per_epoch)
 
-    test_batches = _Batches(lambda: _test_batches(d, recipe), -(-d.n_test // recipe.eval_batch_size))
+    test_batches = Batches(lambda: _test_batches(d, recipe), -(-d.n_test // recipe.eval_batch_size))
     stop = StopAtTarget(target, start=t0, time_budget_s=time_budget_s)
     synchronize(device)
     load_s = time.perf_counter() - t0

@@ -6,9 +6,11 @@ import os
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 
 from dlo.models.small import TinyMLP
+from dlo.data.loaders import Batches
+from dlo.training.config import TrainConfig
+from dlo.training.loop import train
 from dlo import data
 from dlo.models.resnets import resnet18_cifar
 
@@ -101,17 +103,22 @@ class Trainer:
                          weight_decay=self.config["weight_decay"])
 
     def train_epoch(self) -> float:
-        """One epoch over the training tensors (shuffled, seeded by ``seed`` and the epoch), then the accuracy."""
+        """One epoch over the training tensors (shuffled, seeded by ``seed`` and the epoch) with the package's one
+        loop (:func:`dlo.training.loop.train`, this trial's optimizer kept across epochs), then the accuracy."""
         x, y = self.data["x_train"], self.data["y_train"]
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(len(y), generator=gen).to(self.device)
-        self.model.train()
-        for i in range(0, len(y), self.batch_size):
-            idx = order[i:i + self.batch_size]
-            loss = F.cross_entropy(self.model(x[idx]), y[idx])
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
+        n_batches = -(-len(y) // self.batch_size)
+
+        def epoch_batches():
+            gen = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(len(y), generator=gen).to(self.device)
+            for i in range(0, len(y), self.batch_size):
+                idx = order[i:i + self.batch_size]
+                yield x[idx], y[idx]
+
+        cfg = TrainConfig(epochs=1, lr=self.config["lr"], momentum=self.config["momentum"],
+                          weight_decay=self.config["weight_decay"], optimizer="sgd", schedule=None, seed=self.seed,
+                          progress=False, log_every=n_batches + 1, eval_every_epoch=False)
+        train(self.model, lambda _gen: Batches(epoch_batches, n_batches), cfg, self.device, optimizer=self.optimizer)
         self.epoch += 1
         return self.evaluate()
 
