@@ -37,187 +37,32 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
-import math
 import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from dlo.measure.bench import environment_info, save_json
 from dlo.runtime.device import synchronize
-from dlo.training.optim import OPTIMIZERS, SCHEDULES, make_optimizer
-from dlo.models.resnets import resnet9, resnet18_cifar
+from dlo.training.optim import make_optimizer
 from dlo.training.step import amp_dtype, make_grad_scaler, make_train_step, prepare_model
 from dlo.training.callbacks import Callback, StopAtTarget
-from dlo.training.config import TrainConfig
 from dlo.training.evaluate import evaluate
 from dlo.training.loop import train
 from dlo.lessons.leaderboard import append_to_leaderboard
 from dlo.lessons.leaderboard import check_target, check_writable
-from dlo.data.format import CIFAR10_MEAN, CIFAR10_STD
 from dlo.data.loaders import Batches
-from dlo import data
 from dlo.data.cifar import find_cifar10
 from dlo.runtime.device import pick_device
-
-REAL_TARGET = 0.94  # the classic race: 94 % test accuracy on real CIFAR-10
-# The smoke race: generated data (NOT CIFAR-10), a tiny network on a CPU. Its target is a level the smoke
-# recipe reaches in well under a minute on two CPU cores; it says nothing about CIFAR-10.
-SMOKE_TARGET = 0.50
-SMOKE_DATA = {"n_train": 2048, "n_test": 500}  # generated images (train / test) of the smoke race
-
-DATA_MODES = ("preload", "loader")
-TIMING_RULES = ("clock starts before the dataset is read; data loading (and preloading to the device), model "
-                "building, training, and the evaluation after every epoch are counted; torch.compile's first "
-                "calls are counted unless the recipe sets exclude_compile (then timed apart as compile_s); "
-                "device start-up (CUDA context) is not counted; every clock reading follows a synchronize")
-
-
-# --------------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------------
-
-MODELS: dict[str, Callable[..., nn.Module]] = {"resnet9": resnet9, "resnet18": resnet18_cifar}
-
-
-# --------------------------------------------------------------------------------------------------
-# The recipe
-# --------------------------------------------------------------------------------------------------
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass
-class Recipe(TrainConfig):
-    """Everything an attempt at the race chooses: a :class:`dlo.training.config.TrainConfig` (optimizer,
-    schedule, ``lr``, ``warmup_frac``, ``amp``, ``channels_last``, ``compile``, ``tta``, ``seed`` ... each
-    documented there, all usable here: EMA, progressive resizing, label smoothing) plus the race's own fields
-    below. Invalid values raise a one-line ``ValueError``.
-
-    ``epochs`` is the schedule's length (the learning rate reaches its end value after ``epochs`` epochs); the
-    race stops earlier when the target is reached. ``tta`` is the one test-time augmentation of the package
-    (:func:`dlo.training.evaluate.evaluate`: mean of the softmax of the image and of its mirror).
-    """
-
-    name: str = "baseline"
-    """Names the attempt on the leaderboard."""
-    model: str = "resnet18"
-    """A name of :data:`MODELS`."""
-    width: int = 64
-    """Channels of the network's first stage."""
-    batch_size: int = 256
-    """Training batch size."""
-    epochs: int = 30
-    lr: float = 0.1
-    warmup_frac: float | None = 0.25
-    compile_mode: str | None = None
-    """torch.compile's mode (None: default)."""
-    compile_backend: str = "inductor"
-    """torch.compile's backend."""
-    exclude_compile: bool = False
-    """Compile and warm up before the clock starts (timed apart as ``compile_s``, see the module's rules)."""
-    data: str = "loader"
-    """'preload' (whole dataset on the device, augmented there) or 'loader' (a DataLoader, torchvision transforms)."""
-    num_workers: int = 0
-    """DataLoader workers (data='loader' only)."""
-    flip: bool = True
-    """Random horizontal flip of the training images."""
-    crop_padding: int = 4
-    """Random crop after padding by that many pixels (0: no crop)."""
-    eval_batch_size: int = 1000
-    """Batch size of the evaluation."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"Recipe.name must be a non-empty string (it names the attempt on the leaderboard), got {self.name!r}")
-        if self.model not in MODELS:
-            raise ValueError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
-        for key in ("width", "batch_size", "epochs", "eval_batch_size"):
-            value = getattr(self, key)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"Recipe.{key} must be a positive integer, got {value!r}")
-        for key in ("num_workers", "crop_padding", "seed"):
-            value = getattr(self, key)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"Recipe.{key} must be an integer >= 0, got {value!r}")
-        if self.crop_padding > 16:
-            raise ValueError(f"Recipe.crop_padding={self.crop_padding} pixels is more than half a 32x32 image: use 0-16 (4 is classic)")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
-        for key, low, high in (("lr", 0.0, None), ("momentum", 0.0, 1.0), ("weight_decay", 0.0, None),
-                               ("warmup_frac", 0.0, 1.0), ("label_smoothing", 0.0, 1.0)):
-            value = getattr(self, key)
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            ok = ok and value >= low and (high is None or value < high) and (key != "lr" or value > 0)
-            if not ok:
-                where = "> 0" if key == "lr" else (f"in [{low}, {high})" if high is not None else f">= {low}")
-                raise ValueError(f"Recipe.{key} must be a number {where}, got {value!r}")
-        amp_dtype(self.amp)
-        if self.data not in DATA_MODES:
-            raise ValueError(f"unknown data mode {self.data!r}: use 'preload' (dataset on the device, augmented "
-                             f"there) or 'loader' (a DataLoader with torchvision transforms)")
-        if self.data == "preload" and self.num_workers:
-            raise ValueError("num_workers is a DataLoader setting: use data='loader' with it, or num_workers=0")
-        if self.exclude_compile and not self.compile:
-            raise ValueError("exclude_compile=True excludes torch.compile's warm-up from the clock: it needs compile=True")
-        for key in ("channels_last", "cudnn_benchmark", "compile", "exclude_compile", "flip", "tta"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"Recipe.{key} must be True or False, got {getattr(self, key)!r}")
-        super().__post_init__()  # the training fields the race shares with every run
-
-    def replace(self, **changes: Any) -> "Recipe":
-        """A copy with some fields changed (and checked again)."""
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def train_config(self, **changes: Any) -> TrainConfig:
-        """The :class:`TrainConfig` part of the recipe (what the loop reads), with ``changes``."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
-        return TrainConfig(**{**shared, **changes})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Recipe":
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown Recipe field(s) {', '.join(unknown)}: see help(dlo.lessons.race.Recipe)")
-        return cls(**d)
-
-
-def reference_recipe() -> Recipe:
-    """The course's reference for one GPU (H100/H200) and real CIFAR-10, built from the course's tools only:
-    ResNet-9 at full width, batch 512, SGD with Nesterov momentum on a one-cycle schedule, label smoothing
-    0.2, bf16 autocast, channels_last, the dataset preloaded on the GPU and augmented there (random crop with
-    reflection padding + flip), flip TTA, cudnn.benchmark, torch.compile (its warm-up, with cuDNN's autotuning,
-    timed apart), 18 epochs at most."""
-    return Recipe(name="reference", model="resnet9", width=64, batch_size=512, epochs=18, optimizer="sgd_nesterov",
-                  schedule="onecycle", lr=0.4, momentum=0.9, weight_decay=5e-4, warmup_frac=0.25,
-                  label_smoothing=0.2, amp="bf16", channels_last=True, cudnn_benchmark=True, compile=True,
-                  exclude_compile=True, data="preload", tta=True, eval_batch_size=2000)
-
-
-def smoke_recipe() -> Recipe:
-    """The reference's smoke version for a CPU and generated data (:data:`SMOKE_DATA`): the same recipe,
-    narrow (width 4), batch 64, 6 epochs, in fp32 (bf16 autocast is emulated, hence slow, on most CPUs),
-    channels-first (the CPU's convolutions prefer it here) and not compiled (compiling takes longer than
-    this race)."""
-    return reference_recipe().replace(name="reference (smoke)", width=4, batch_size=64, epochs=6, lr=0.2,
-                                      amp=None, channels_last=False, cudnn_benchmark=False, compile=False,
-                                      exclude_compile=False, eval_batch_size=500)
-
-
-RECIPES: dict[str, Callable[[], Recipe]] = {"reference": reference_recipe, "smoke": smoke_recipe}
+# the lesson's entry point: the recipes and the data helpers are reachable from here (race.Recipe, ...)
+from dlo.lessons.race_recipe import (MODELS, REAL_TARGET, RECIPES, SMOKE_DATA, SMOKE_TARGET, TIMING_RULES, Recipe,  # noqa: F401
+                                     _is_int, reference_recipe, smoke_recipe)
+from dlo.lessons.race_data import (_test_batches, _train_batches, load_race_data, random_crop_flip,  # noqa: F401
+                                   require_data)
 
 
 def time_to_target(times: Sequence[float], accuracies: Sequence[float], target: float) -> float | None:
@@ -234,172 +79,6 @@ def time_to_target(times: Sequence[float], accuracies: Sequence[float], target: 
         if acc >= target:
             return float(t)
     return None
-
-
-# --------------------------------------------------------------------------------------------------
-# Data
-# --------------------------------------------------------------------------------------------------
-
-@dataclass
-class RaceData:
-    """The data of one attempt: batches come from :meth:`train_batches` and :meth:`test_batches`."""
-
-    source: str
-    is_generated: bool
-    n_train: int
-    n_test: int
-    mode: str
-    train_x: torch.Tensor | None = None  # preload: normalised float32 images on the device
-    train_y: torch.Tensor | None = None
-    test_x: torch.Tensor | None = None
-    test_y: torch.Tensor | None = None
-    train_loader: Any = None  # loader mode
-    test_loader: Any = None
-
-
-def require_data(data_dir=None, generated: bool | None = False) -> None:
-    """Fail in one line, before anything is trained or compiled, when the race has no data set: real CIFAR-10
-    is required (``generated=False``) and not found, or a folder that was named does not hold it."""
-
-    if generated not in (None, True, False):
-        raise ValueError(f"generated must be False (real CIFAR-10 required), True (generated data) or None "
-                         f"(real if found, else generated), got {generated!r}")
-    if generated is True:
-        return
-    try:
-        found = data.find_cifar10(data_dir)
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"the race needs a data set: {exc}") from None
-    if found is None and generated is False:
-        raise FileNotFoundError(
-            "the race needs a data set and no real CIFAR-10 was found (data_dir and $DLO_DATA_DIR unset, none under "
-            "$DSDIR or <project>/data): pass data_dir= / --data-dir the folder holding cifar-10-batches-py, set "
-            "DLO_DATA_DIR, or allow generated data explicitly (generated=True / --generated, the smoke race, whose "
-            "target is not a CIFAR-10 accuracy)")
-
-
-def _open_datasets(data_dir, generated: bool | None, n_train: int, n_test: int, train_transform, test_transform,
-                   verbose: bool):
-
-    require_data(data_dir, generated)
-    kw = dict(generated=generated, n_train=n_train, n_test=n_test)
-    train = data.cifar10("train", data_dir, train_transform, verbose=verbose, **kw)
-    test = data.cifar10("test", data_dir, test_transform, verbose=False, **kw)
-    if generated is None and train.is_generated and verbose:
-        print("[dlo.lessons.race] no real CIFAR-10 found: racing on GENERATED data (generated=None allows it); "
-              "its accuracies are not CIFAR-10 accuracies", flush=True)
-    return train, test
-
-
-def _normalise(images_uint8_nhwc: Any, device: torch.device, channels_last: bool) -> torch.Tensor:
-
-    x = torch.as_tensor(images_uint8_nhwc).to(device, non_blocking=True)  # copy bytes, convert on the device
-    x = x.permute(0, 3, 1, 2).float().div_(255)
-    mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1)
-    x = (x - mean) / std
-    return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-
-
-def load_race_data(recipe: Recipe, device: torch.device | str, *, data_dir=None, generated: bool | None = False,
-                   n_train: int | None = None, n_test: int | None = None, verbose: bool = True) -> RaceData:
-    """Open the data as the recipe asks. Called on the clock by :func:`run_race`.
-
-    ``generated``: False = real CIFAR-10 required (else a one-line FileNotFoundError saying where to put
-    it), True = generated data (``n_train`` / ``n_test`` images, default :data:`SMOKE_DATA`), None = real
-    if found, else generated (said in the log). ``n_train`` / ``n_test`` can also take the first images of
-    real CIFAR-10 (all of them by default).
-    """
-
-    device = torch.device(device)
-    n_gen_train = n_train or SMOKE_DATA["n_train"]
-    n_gen_test = n_test or SMOKE_DATA["n_test"]
-    for key, value in (("n_train", n_train), ("n_test", n_test)):
-        if value is not None and (not _is_int(value) or value < 10):
-            raise ValueError(f"{key} must be an integer >= 10 (or None: the whole set), got {value!r}")
-    if recipe.data == "preload":
-        train, test = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, None, None, verbose)
-        n_tr = min(n_train or len(train), len(train))
-        n_te = min(n_test or len(test), len(test))
-        out = RaceData(train.source, train.is_generated, n_tr, n_te, "preload")
-        out.train_x = _normalise(train.data[:n_tr], device, recipe.channels_last)
-        out.train_y = torch.as_tensor(train.targets[:n_tr]).to(device)
-        out.test_x = _normalise(test.data[:n_te], device, recipe.channels_last)
-        out.test_y = torch.as_tensor(test.targets[:n_te]).to(device)
-        if n_tr < recipe.batch_size:
-            raise ValueError(f"batch_size={recipe.batch_size} is more than the {n_tr} training images: use a smaller batch")
-        return out
-    from torch.utils.data import Subset
-    from torchvision.transforms import v2
-
-    steps: list = [v2.ToImage()]
-    if recipe.crop_padding:
-        steps.append(v2.RandomCrop(32, padding=recipe.crop_padding, padding_mode="reflect"))
-    if recipe.flip:
-        steps.append(v2.RandomHorizontalFlip())
-    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(data.CIFAR10_MEAN, data.CIFAR10_STD)]
-    train, test = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, v2.Compose(steps),
-                                 data.test_transform(), verbose)
-    n_tr = min(n_train or len(train), len(train))
-    n_te = min(n_test or len(test), len(test))
-    if n_tr < recipe.batch_size:
-        raise ValueError(f"batch_size={recipe.batch_size} is more than the {n_tr} training images: use a smaller batch")
-    out = RaceData(train.source, train.is_generated, n_tr, n_te, "loader")
-    workers = recipe.num_workers
-    out.train_loader = data.make_loader(
-        Subset(train, range(n_tr)) if n_tr < len(train) else train, recipe.batch_size, shuffle=True,
-        num_workers=workers, pin_memory=device.type == "cuda", drop_last=True, seed=recipe.seed,
-        persistent_workers=workers > 0)
-    out.test_loader = data.make_loader(
-        Subset(test, range(n_te)) if n_te < len(test) else test, recipe.eval_batch_size, shuffle=False,
-        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
-    return out
-
-
-def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The classic CIFAR augmentation for a whole batch on its device, without a Python loop over images.
-
-    Each image is padded by ``padding`` pixels (reflection), a random 32x32 window is taken (a shift of up to
-    ``padding`` pixels in each direction) and, with ``flip``, mirrored with probability 1/2. The windows are
-    read with one indexing operation (a gather), so this costs a few kernels per batch, not one per image.
-    """
-    b, c, h, w = images.shape
-    out = images
-    if padding:
-        padded = F.pad(images, (padding, padding, padding, padding), mode="reflect")
-        dy = torch.randint(0, 2 * padding + 1, (b,), device=images.device, generator=generator)
-        dx = torch.randint(0, 2 * padding + 1, (b,), device=images.device, generator=generator)
-        rows = (dy[:, None] + torch.arange(h, device=images.device))[:, None, :, None]  # [B, 1, H, 1]
-        cols = (dx[:, None] + torch.arange(w, device=images.device))[:, None, None, :]  # [B, 1, 1, W]
-        bi = torch.arange(b, device=images.device)[:, None, None, None]
-        ci = torch.arange(c, device=images.device)[None, :, None, None]
-        out = padded[bi, ci, rows, cols]
-    if flip:
-        mirror = torch.rand(b, device=images.device, generator=generator) < 0.5
-        out = torch.where(mirror[:, None, None, None], out.flip(-1), out)
-    if images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous():
-        out = out.contiguous(memory_format=torch.channels_last)
-    return out
-
-
-def _train_batches(d: RaceData, recipe: Recipe, generator: torch.Generator) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of preloaded training batches, shuffled and augmented on the device. ``generator`` (the
-    loop's, on the CPU, seeded by the run's seed and the epoch) seeds a generator on the data's device."""
-    device = d.train_x.device
-    gen = torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
-    n = d.train_x.shape[0]
-    order = torch.randperm(n, device=device, generator=gen)
-    for i in range(n // recipe.batch_size):  # drop the last partial batch: one shape, no recompilation
-        idx = order[i * recipe.batch_size:(i + 1) * recipe.batch_size]
-        yield random_crop_flip(d.train_x[idx], recipe.crop_padding, recipe.flip, gen), d.train_y[idx]
-
-
-def _test_batches(d: RaceData, recipe: Recipe) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-    if d.mode == "loader":
-        yield from d.test_loader
-        return
-    for i in range(0, d.test_x.shape[0], recipe.eval_batch_size):
-        yield d.test_x[i:i + recipe.eval_batch_size], d.test_y[i:i + recipe.eval_batch_size]
 
 
 # --------------------------------------------------------------------------------------------------

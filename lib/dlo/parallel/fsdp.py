@@ -43,6 +43,7 @@ from dlo.runtime.device import synchronize
 from dlo.measure.flops import flops_per_token, gpu_peak, mfu
 from dlo.runtime.validate import per_rank_batch
 from dlo.runtime.compat import import_deepspeed
+from dlo.parallel.ddp import ddp_wrap
 
 __all__ = ["SMOKE_LLAMA", "MODEL_CONFIGS", "model_config", "build_llama", "decoder_layers", "lm_loss", "wrap_ddp",
            "PRECISIONS", "mixed_precision", "offload_policy", "apply_activation_checkpointing", "compile_layers",
@@ -102,13 +103,9 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
-    """The baseline: model on ``device``, in ``DistributedDataParallel`` when there are several processes."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = model.to(device)
-    if not ctx.is_distributed:
-        return model
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    """The baseline: model on ``device``, in ``DistributedDataParallel`` when there are several processes
+    (the package's one DDP wrapper, :func:`dlo.parallel.ddp.ddp_wrap`)."""
+    return ddp_wrap(model, ctx, device=device)
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-reduce-bf16")

@@ -225,3 +225,50 @@ class StopAtTarget(Callback):
             self.stopped_by = "time_budget"
             return True
         return False
+
+
+class TrainMetric(Callback):
+    """A metric of the training batches, averaged over each epoch and added to the epoch's record as
+    ``name``: ``fn(outputs, targets)`` returns a 0-dim tensor (kept on the device: no synchronisation per step).
+    The loop's loss is the only place that sees the outputs, so the metric wraps the criterion::
+
+        acc = TrainMetric("train_soft_accuracy", soft_accuracy)
+        train(model, make_loader, cfg, criterion=acc.wrap(soft_target_criterion()), callbacks=[acc], ...)
+    """
+
+    def __init__(self, name: str, fn: Callable[[torch.Tensor, Any], torch.Tensor]) -> None:
+        self.name, self.fn = name, fn
+        self._sum: torch.Tensor | None = None
+        self._count = 0
+
+    def wrap(self, criterion: Callable[[torch.Tensor, Any], torch.Tensor]) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+        def measured(outputs: torch.Tensor, targets: Any) -> torch.Tensor:
+            value = self.fn(outputs.detach(), targets).detach().float()
+            self._sum = value if self._sum is None else self._sum + value
+            self._count += 1
+            return criterion(outputs, targets)
+
+        return measured
+
+    def on_epoch_end(self, state: LoopState, record: dict) -> None:
+        if self._count:
+            record[self.name] = self._sum.item() / self._count
+        self._sum, self._count = None, 0
+
+
+class FreezeNormStats(Callback):
+    """Keep in eval mode (running statistics frozen) every normalisation layer whose parameters are all frozen,
+    although the loop puts the model in training mode (at the start, and after each evaluation): what a frozen
+    backbone needs in transfer learning."""
+
+    @staticmethod
+    def apply(model: nn.Module) -> None:
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not any(p.requires_grad for p in m.parameters()):
+                m.eval()
+
+    def on_train_start(self, state: LoopState) -> None:
+        self.apply(state.model)
+
+    def on_epoch_end(self, state: LoopState, record: dict) -> None:
+        self.apply(state.model)
