@@ -109,8 +109,9 @@ def test_a_failure_mid_write_keeps_the_old_file_and_no_temporary_file(tmp_path):
     path = tmp_path / "keep.bin"
     path.write_bytes(b"old content")
 
-    def half_then_fail(f):
-        f.write(b"new cont")
+    def half_then_fail(tmp):
+        with open(tmp, "wb") as f:
+            f.write(b"new cont")
         raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
@@ -217,3 +218,40 @@ def test_a_batch_file_of_random_bytes_is_one_line(tmp_path):
     with pytest.raises(ValueError) as exc:
         load_batch(path)
     assert str(path) in _one_line(exc)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and pretrained weights load with weights_only=True
+# --------------------------------------------------------------------------------------------------
+
+def _crafted_checkpoints(tmp_path: Path, marker: Path) -> list[Path]:
+    """A torch.save zip file and a bare pickle, each running ``open(marker, "w")`` when fully unpickled."""
+    zipped = tmp_path / "crafted-zip.pt"
+    torch.save({"model": _WritesMarker(marker), "step": 1}, zipped)
+    bare = tmp_path / "crafted-pickle.pt"
+    bare.write_bytes(_crafted_bytes(marker))
+    return [zipped, bare]
+
+
+def test_crafted_checkpoint_is_refused_without_running_it(tmp_path):
+    from dlo.models import resnet18_cifar
+    from dlo.training.checkpoint import load_checkpoint
+
+    marker = tmp_path / "code-ran"
+    for path in _crafted_checkpoints(tmp_path, marker):
+        with pytest.raises(ValueError) as exc:
+            load_checkpoint(path, model=resnet18_cifar(width=4))
+        assert not marker.exists(), f"loading {path.name} ran code from it"
+        assert str(path) in _one_line(exc)
+    assert "io.open" in str(exc.value) or "not a checkpoint" in str(exc.value)
+
+
+def test_crafted_pretrained_weights_are_refused_without_running_them(tmp_path):
+    from dlo.models import resnets
+
+    marker = tmp_path / "code-ran"
+    for path in _crafted_checkpoints(tmp_path, marker):
+        with pytest.raises(Exception) as exc:
+            resnets.load_pretrained(resnets.resnet18_cifar(width=4), path)
+        assert not marker.exists(), f"loading {path.name} ran code from it"
+        assert str(path) in _one_line(exc)

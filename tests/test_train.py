@@ -380,6 +380,70 @@ def test_load_checkpoint_restores_everything(tmp_path):
     assert torch.equal(draws[0], expected_draws[0]) and draws[1:] == expected_draws[1:]
 
 
+def test_checkpoint_loads_with_weights_only_and_restores_every_rng_exactly(tmp_path):
+    """Random states are stored as tensors and plain values: the file loads with weights_only=True, and after
+    a restore torch, Python (gauss cache included) and numpy (its cached gaussian included) draw the same."""
+    model, opt, sched = _small_setup(0)
+    torch.manual_seed(77)
+    random.seed(77)
+    random.gauss(0.0, 1.0)  # leaves a cached second gaussian in Python's state
+    np.random.seed(77)
+    np.random.standard_normal()  # and in numpy's
+    path = tr.save_checkpoint(tmp_path / "ck.pt", model=model, optimizer=opt, scheduler=sched, step=5)
+    expected = (torch.rand(5), torch.randn(3), random.random(), random.gauss(0.0, 1.0), np.random.standard_normal(),
+                np.random.rand(4).tolist())
+    state = torch.load(path, weights_only=True)  # no Python object besides tensors and plain values
+    assert state["step"] == 5
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    tr.load_checkpoint(path, model=_small_setup(3)[0])
+    draws = (torch.rand(5), torch.randn(3), random.random(), random.gauss(0.0, 1.0), np.random.standard_normal(),
+             np.random.rand(4).tolist())
+    assert torch.equal(draws[0], expected[0]) and torch.equal(draws[1], expected[1])
+    assert draws[2:] == expected[2:]
+
+
+def test_rng_state_in_memory_round_trips():
+    saved = tr.rng_state()
+    expected = (torch.rand(2), random.random(), np.random.rand())
+    tr.set_rng_state(saved)
+    again = (torch.rand(2), random.random(), np.random.rand())
+    assert torch.equal(again[0], expected[0]) and again[1:] == expected[1:]
+
+
+def test_save_checkpoint_refuses_what_a_safe_load_would_refuse(tmp_path):
+    """An extra that is not a tensor or a plain value would make the checkpoint unloadable: refused at save
+    time, in one line, and the previous checkpoint stays."""
+    model, _, _ = _small_setup()
+    path = tr.save_checkpoint(tmp_path / "ck.pt", model=model, step=1)
+    with pytest.raises(ValueError) as exc:
+        tr.save_checkpoint(path, model=model, step=2, where=Path("/somewhere"))
+    assert "PosixPath" in one_line(str(exc.value))
+    assert tr.load_checkpoint(path, model=model)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.pt"]
+
+
+@pytest.mark.parametrize("content", [b"", b"random bytes \x00\x01" * 50, "truncated"])
+def test_unreadable_checkpoint_is_one_line(tmp_path, content):
+    model, _, _ = _small_setup()
+    path = tmp_path / "bad.pt"
+    if content == "truncated":
+        good = tr.save_checkpoint(tmp_path / "good.pt", model=model).read_bytes()
+        content = good[: len(good) // 2]
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as exc:
+        tr.load_checkpoint(path, model=model)
+    assert str(path) in one_line(str(exc.value))
+
+
+def test_checkpoint_of_another_model_shape_is_one_line(tmp_path):
+    path = tr.save_checkpoint(tmp_path / "ck.pt", model=resnet18_cifar(width=4))
+    with pytest.raises(ValueError) as exc:
+        tr.load_checkpoint(path, model=resnet18_cifar(width=8))
+    assert "another model shape" in one_line(str(exc.value))
+
+
 def test_load_checkpoint_without_rng_restore(tmp_path):
     model, _, _ = _small_setup()
     torch.manual_seed(1)

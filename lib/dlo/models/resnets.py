@@ -10,6 +10,8 @@ tiny network with the very same architecture.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -131,7 +133,14 @@ def load_pretrained(model: nn.Module, path, *, ignore: tuple[str, ...] | list[st
         raise FileNotFoundError(f"no weights file at {file}: compute nodes cannot download; fetch the weights on a "
                                 "login node (e.g. torchvision.models.resnet18(weights='DEFAULT') fills "
                                 "~/.cache/torch/hub/checkpoints/) and pass that file's path")
-    state = torch.load(file, map_location=map_location, weights_only=True)
+    try:  # weights_only=True: a file naming any Python object besides tensors and plain values is refused unrun
+        state = torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch's messages are paragraphs: one line instead
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        why = (f"it asks to load {found.group(1)}, which a weights file never holds (refused without running it: "
+               f"it may be crafted to run code)" if found else f"truncated, empty or not a torch file ({type(exc).__name__})")
+        raise ValueError(f"{file} cannot be loaded as weights: {why}; use a file written by torch.save(model.state_dict(), "
+                         f"path)") from None
     for wrapper in ("model", "state_dict"):
         if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
             state = state[wrapper]
