@@ -255,3 +255,21 @@ def test_crafted_pretrained_weights_are_refused_without_running_them(tmp_path):
             resnets.load_pretrained(resnets.resnet18_cifar(width=4), path)
         assert not marker.exists(), f"loading {path.name} ran code from it"
         assert str(path) in _one_line(exc)
+
+
+def test_failure_note_of_a_rank_is_written_atomically(tmp_path, monkeypatch):
+    """The note a crashing rank leaves for the launcher goes through the atomic writer (fsync of file and folder)."""
+    import sys
+
+    from dlo.runtime import records
+
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path))
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[0]))
+    records._install_failure_hook()
+    counts = _count_fsyncs(monkeypatch)
+    sys.excepthook(ValueError, ValueError("boom"), None)
+    note = json.loads((tmp_path / "failures" / "rank0.json").read_text())
+    assert note["exception"] == "ValueError: boom" and seen == [ValueError]
+    assert counts == {"file": 1, "folder": 1}
+    assert sorted(p.name for p in (tmp_path / "failures").iterdir()) == ["rank0.json"]

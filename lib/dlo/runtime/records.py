@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.errors import first_line
 from dlo.runtime.context import rank_and_world, dist_context
 RECORDS_ENV = "DLO_RECORDS_DIR"
@@ -107,7 +108,7 @@ def _install_failure_hook() -> None:
             rank = dist_context().rank
             folder.mkdir(parents=True, exist_ok=True)
             note = {"rank": rank, "time": time.time(), "pid": os.getpid(), "exception": first_line(value)}
-            (folder / f"rank{rank}.json").write_text(json.dumps(note), encoding="utf-8")
+            atomic_write_text(folder / f"rank{rank}.json", json.dumps(note))  # never half a note
         except Exception:  # noqa: BLE001 - a failing diagnostic must never hide the real exception
             pass
         previous(etype, value, tb)
