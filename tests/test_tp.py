@@ -32,8 +32,8 @@ def _by_case(records):
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return _by_case(launch(SCRIPTS / "tp_cases.py", ["2x1", "dtensor", "errors"], nproc=2, timeout_s=200,
-                           records_dir=tmp_path_factory.mktemp("tp2"), use_srun=False, echo=False))
+    return _by_case(launch(SCRIPTS / "tp_cases.py", ["2x1", "dtensor", "dtensor_tied", "errors"], nproc=2,
+                           timeout_s=200, records_dir=tmp_path_factory.mktemp("tp2"), use_srun=False, echo=False))
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,19 @@ def test_communication_counts_equal_theory(case, two, four):
 def test_dtensor_version_has_equal_numerics(two, four):
     _assert_equal_to_reference(two["dtensor"], 2)
     _assert_equal_to_reference(four["dtensor"], 4)
+
+
+@distributed
+def test_dtensor_keeps_tied_embeddings_tied(two):
+    """Llama 3.2 ties the LM head to the embedding: after parallelize_module they must still be one
+    parameter, whose gradient (both uses summed) equals one process's."""
+    ranks = two["dtensor_tied"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["tied"] and r["extra_params"] == [], r  # lm_head.weight is embed_tokens.weight
+        assert r["logits"] <= TOL and r["loss"] <= TOL, r
+        assert len(r["grads"]) == 2 + 9 * 2 and max(r["grads"].values()) <= TOL, r["grads"]
+        assert r["grads"]["embed_tokens.weight"] <= TOL
 
 
 @distributed

@@ -5,7 +5,8 @@ Run with ``launch(this, args=[layout, ...], nproc=N)`` where each layout is ``"<
 reference, same seed), slices it into a :class:`TPLlama` over its TP group, runs one forward/backward
 on its DP share of a fixed global batch (gradients averaged over the DP group), one SGD step, and rank 0
 writes the largest differences with the reference (logits, loss, every gradient, every weight after the
-step) plus the collective counts. ``dtensor`` adds the same check for ``dtensor_llama`` (tp = N), and
+step) plus the collective counts. ``dtensor`` adds the same check for ``dtensor_llama`` (tp = N),
+``dtensor_tied`` the same with tied embeddings (the LM head must stay the embedding's weight), and
 ``errors`` records the messages of the divisibility errors.
 """
 import sys
@@ -29,9 +30,9 @@ def max_diffs(a: dict, b: dict) -> dict:
     return {k: float((a[k] - b[k]).abs().max()) for k in a}
 
 
-def reference():
-    ids, labels = token_batch(BATCH, SEQ, CFG.vocab_size, seed=1)
-    ref = Llama(CFG, seed=0)
+def reference(cfg=CFG):
+    ids, labels = token_batch(BATCH, SEQ, cfg.vocab_size, seed=1)
+    ref = Llama(cfg, seed=0)
     logits = ref(ids)
     loss = ref.loss(ids, labels)
     loss.backward()
@@ -68,19 +69,23 @@ def layout_case(layout: str, ctx) -> dict:
     return out
 
 
-def dtensor_case(ctx) -> dict:
+def dtensor_case(ctx, tied: bool = False) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
+    cfg = CFG.replace(tie_embeddings=True) if tied else CFG
     mesh = init_device_mesh("cpu", (ctx.world_size,))
-    ids, labels, ref_logits, ref_loss, ref_grads, ref_weights = reference()
-    model = dtensor_llama(Llama(CFG, seed=0), mesh)
-    out = {"case": "dtensor", "tp": ctx.world_size}
+    ids, labels, ref_logits, ref_loss, ref_grads, ref_weights = reference(cfg)
+    model = dtensor_llama(Llama(cfg, seed=0), mesh)
+    out = {"case": "dtensor_tied" if tied else "dtensor", "tp": ctx.world_size,
+           "tied": model.lm_head.weight is model.embed_tokens.weight}
     with torch.no_grad():
         out["logits"] = float((model(ids) - ref_logits).abs().max())
     loss = model.loss(ids, labels)
     loss.backward()
     out["loss"] = abs(loss.item() - ref_loss)
-    out["grads"] = max_diffs(dtensor_full_tensors(model, grads=True), ref_grads)
+    grads = dtensor_full_tensors(model, grads=True)
+    out["extra_params"] = sorted(set(grads) - set(ref_grads))  # an untied head shows up here
+    out["grads"] = max_diffs({k: v for k, v in grads.items() if k in ref_grads}, ref_grads)
     return out
 
 
@@ -107,8 +112,8 @@ if __name__ == "__main__":
     ctx = init_distributed(backend="gloo", device="cpu", timeout_s=120)
     try:
         for case in sys.argv[1:]:
-            if case == "dtensor":
-                rec = dtensor_case(ctx)
+            if case in ("dtensor", "dtensor_tied"):
+                rec = dtensor_case(ctx, tied=case == "dtensor_tied")
             elif case == "errors":
                 rec = errors_case(ctx)
             else:

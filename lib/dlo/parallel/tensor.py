@@ -353,7 +353,12 @@ def dtensor_llama(full: Llama, mesh) -> nn.Module:
     """A copy of ``full`` parallelised over the 1-D device ``mesh`` with ``parallelize_module``:
     Q/K/V, gate, up and the LM head column-wise; O and down row-wise; the embedding row-wise (its rows
     are the vocabulary). The LM head output is gathered (``Replicate``), so ``model(ids)`` gives the full
-    logits and ``model.loss`` works unchanged. Heads must divide like :class:`TPLlama`'s."""
+    logits and ``model.loss`` works unchanged. Heads must divide like :class:`TPLlama`'s.
+
+    Tied embeddings (``cfg.tie_embeddings``, as in Llama 3.2) stay tied: ``parallelize_module`` gives each
+    module its own new sharded parameter, which would silently untie the LM head from the embedding (two
+    tensors, two half gradients). Both are sharded the same way (rows = vocabulary, ``Shard(0)``), so the
+    head takes the embedding's sharded weight back: one parameter, whose gradient sums both uses."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -371,7 +376,10 @@ def dtensor_llama(full: Llama, mesh) -> nn.Module:
             plan[f"layers.{i}.{name}"] = ColwiseParallel()
         for name in ("self_attn.o_proj", "mlp.down_proj"):
             plan[f"layers.{i}.{name}"] = RowwiseParallel()
-    return parallelize_module(model, mesh, plan)
+    model = parallelize_module(model, mesh, plan)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model
 
 
 def dtensor_full_tensors(model: nn.Module, *, grads: bool = False) -> dict[str, torch.Tensor]:
