@@ -273,3 +273,34 @@ def test_failure_note_of_a_rank_is_written_atomically(tmp_path, monkeypatch):
     assert note["exception"] == "ValueError: boom" and seen == [ValueError]
     assert counts == {"file": 1, "folder": 1}
     assert sorted(p.name for p in (tmp_path / "failures").iterdir()) == ["rank0.json"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A group of one listens on no network
+# --------------------------------------------------------------------------------------------------
+
+def test_group_of_one_listens_only_on_loopback():
+    """init_distributed(group_of_one=True) makes a group nobody else joins: every socket it listens on is
+    bound to 127.0.0.1 (or ::1), none to all interfaces or to the machine's network address."""
+    import subprocess
+    import sys
+
+    code = (
+        "import dlo, os, psutil, torch, torch.distributed as dist\n"
+        "from dlo.runtime import init_distributed, teardown\n"
+        "init_distributed(group_of_one=True, device='cpu')\n"
+        "dist.all_reduce(torch.ones(1))\n"  # the group works
+        "listening = sorted({c.laddr.ip for c in psutil.Process().net_connections(kind='tcp')\n"
+        "                   if c.status == psutil.CONN_LISTEN})\n"
+        "print(' '.join(listening) or 'none')\n"
+        "print(os.environ.get('GLOO_SOCKET_IFNAME'))\n"
+        "teardown()\n"
+    )
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR",
+            "MASTER_PORT", "GLOO_SOCKET_IFNAME", "DLO_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    listening, ifname = out.stdout.split("\n")[:2]
+    assert set(listening.split()) <= {"127.0.0.1", "::1", "none"}, listening
+    assert ifname.startswith("lo"), ifname  # gloo was told to use the loopback interface

@@ -41,6 +41,28 @@ def _cuda_index(ctx: DistContext, dev: torch.device) -> int:
     return ctx.local_rank
 
 
+def _loopback_interface() -> str:
+    """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # pragma: no cover - platforms without if_nameindex
+        names = []
+    return next((name for name in names if name.startswith("lo")), "lo")
+
+
+def _loopback_only(backend: str) -> None:
+    """Make the backend of a group of one listen on 127.0.0.1 only.
+
+    gloo (and NCCL's bootstrap) otherwise listen on the address of the machine's host name, reachable from
+    the whole network, for a group that no other process will ever join. ``GLOO_SOCKET_IFNAME`` /
+    ``NCCL_SOCKET_IFNAME`` name the interface to use; one you set yourself is kept.
+    """
+    lo = _loopback_interface()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+    if backend == "nccl":
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+
+
 def init_distributed(backend: str | None = None, device: str | None = None, timeout_s: float = 600,
                      group_of_one: bool = False) -> DistContext:
     """Join the process group described by :func:`dist_context` and return that context.
@@ -54,9 +76,10 @@ def init_distributed(backend: str | None = None, device: str | None = None, time
       them) sees what torchrun would have set.
     * A single process (world size 1) creates no process group at all: the same script then runs
       unchanged with plain ``python script.py``; guard collectives with ``ctx.is_distributed``. With
-      ``group_of_one=True`` it creates a group of one process instead (on a free local port), for the
-      libraries that need a group even alone (FSDP2, torch.distributed.checkpoint, DeepSpeed, which also
-      reads ``LOCAL_RANK``: set to 0 unless already set); ``ctx.is_distributed`` stays False.
+      ``group_of_one=True`` it creates a group of one process instead, for the libraries that need a group
+      even alone (FSDP2, torch.distributed.checkpoint, DeepSpeed, which also reads ``LOCAL_RANK``: set to 0
+      unless already set); ``ctx.is_distributed`` stays False. That group listens on no network: its store
+      is in memory and its backend is bound to the loopback interface (127.0.0.1).
     * Calling it again once initialised just returns the context.
 
     ``timeout_s`` bounds how long collectives (and the initial rendezvous) wait for a missing peer.
@@ -87,8 +110,10 @@ def init_distributed(backend: str | None = None, device: str | None = None, time
     if not ctx.is_distributed:
         if group_of_one:
             os.environ.setdefault("LOCAL_RANK", "0")
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                    world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
+            _loopback_only(backend)
+            # An in-memory store: one process has nobody to meet, so no TCP server listens for a rendezvous.
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
         return ctx
 
     if ctx.source == "slurm":
