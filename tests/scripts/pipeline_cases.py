@@ -19,6 +19,7 @@ from dlo.parallel.pipeline import Pipe, build_chunks, build_stage, gather_stats,
 CFG = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=8, num_heads=4,
                         num_kv_heads=2, name="pipeline test")
 BATCH, SEQ, MICRO, LR = 8, 8, 8, 0.5
+OURS = ("naive", "afab", "afab_blocking", "1f1b", "1f1b_blocking", "interleaved", "interleaved_blocking")
 
 
 def make_model() -> Llama:
@@ -47,11 +48,14 @@ def run(case: str, ctx) -> dict:
     p, rank = ctx.world_size, ctx.rank
     ids, labels = make_batch()
     model = make_model()
-    if case in ("naive", "afab", "1f1b", "interleaved", "afab_blocking"):
+    if case in OURS:
         schedule = case.replace("_blocking", "")
         m = 1 if case == "naive" else MICRO
-        stages = build_chunks(model, rank, p, 2) if case == "interleaved" else build_stage(model, rank, p)
-        pipe = Pipe(stages, (ids, labels), m, rank=rank, world_size=p, blocking=case in ("naive", "afab_blocking"))
+        stages = build_chunks(model, rank, p, 2) if schedule == "interleaved" else build_stage(model, rank, p)
+        # blocking: a send returns only once its receiver has the data (gloo's blocking send, NCCL's rule for
+        # large messages): a schedule whose transfers could wait for each other hangs here
+        blocking = case == "naive" or case.endswith("_blocking")
+        pipe = Pipe(stages, (ids, labels), m, rank=rank, world_size=p, blocking=blocking)
         step = train_step(pipe, schedule)
         stats, gathered = step.as_dict(), gather_stats(step)  # gathered: every rank's stats, on rank 0 only
         return _finish(case, _named(stages), stats, {"max_in_flight": stats["max_in_flight"], "micro_batches": m,
@@ -78,7 +82,7 @@ def run(case: str, ctx) -> dict:
 
 
 def main(argv) -> None:
-    cases = argv or ["naive", "afab", "afab_blocking", "1f1b", "interleaved", "torch_gpipe", "torch_1f1b"]
+    cases = argv or [*OURS, "torch_gpipe", "torch_1f1b"]
     with distributed(backend="gloo", device="cpu") as ctx:
         for case in cases:
             write_record(run(case, ctx))

@@ -25,6 +25,17 @@ Each micro-batch's loss is divided by ``m`` and the gradients accumulate in ``.g
 micro-batches, so one pipeline step gives the gradient of the mean loss of the whole batch: the same
 as one process running the whole model (tested, fp32). The transfers use fixed shapes
 ``[micro_batch, seq, hidden]`` known in advance (no shape message needed).
+
+**When the transfers go out.** A ``send_*`` or ``recv_*`` call only *asks* for a transfer. The Pipe posts
+every transfer asked for since the previous compute **together**, in one ``batch_isend_irecv``, right
+before the next ``forward_compute`` / ``backward_compute`` (and the last ones in :meth:`Pipe.finish`);
+the tensor a ``recv_*`` returns is filled by then. This matters on GPUs: with NCCL a large send (beyond
+NCCL's internal buffer, a few MiB) does not complete until the receiver has posted the matching receive,
+and between two ranks NCCL pairs the n-th send with the n-th receive, whatever the tags. Posted one by
+one, 1F1B's "send my activation, then receive a gradient" on one rank and "send my gradient, then
+receive an activation" on its neighbour wait for each other forever. Posted together (what Megatron-LM's
+``send_forward_recv_backward`` does), both complete. :mod:`dlo.parallel.p2p_replay` replays every
+schedule's transfers under NCCL's rules to show it cannot deadlock.
 """
 from __future__ import annotations
 
@@ -239,6 +250,19 @@ class StepStats:
         return d
 
 
+@dataclasses.dataclass
+class Transfer:
+    """One point-to-point transfer a rank asked for: ``kind`` "send" or "recv", ``peer`` the other rank,
+    ``tensor`` what is sent (or the buffer a receive fills), ``tag`` which tensor it is (gloo matches on it,
+    NCCL ignores it), ``what`` the same in words."""
+
+    kind: str
+    peer: int
+    tensor: torch.Tensor
+    tag: int
+    what: str = ""
+
+
 # ----------------------------------------------------------------------------------------------------
 # The per-rank pipeline engine
 # ----------------------------------------------------------------------------------------------------
@@ -247,9 +271,11 @@ class Pipe:
 
     ``stages``: this rank's :class:`Stage` (or the list of its chunks for an interleaved schedule).
     ``batch``: ``(input_ids, labels)`` of the whole step, identical on every rank (stage 0 reads the
-    ids, the last stage the labels). ``blocking=True`` uses ``dist.send``/``dist.recv`` (each transfer
-    waits for its partner); ``False`` uses ``isend``/``irecv``: a send returns at once (its handle is
-    waited for in :meth:`finish`), a receive waits only for its own data.
+    ids, the last stage the labels). Transfers are asked for by ``send_*`` / ``recv_*`` and posted
+    together just before the next compute (see the module's docstring). ``blocking=True``: the rank then
+    waits until every transfer of that batch is done, sends included (a send waits for its receiver).
+    ``blocking=False``: it waits for a batch only if it receives something (the data is needed now); a
+    batch of sends only is waited for in :meth:`finish`, the rank goes on computing meanwhile.
     Without a process group (one process, one stage) transfers are never needed.
     """
 
@@ -277,7 +303,9 @@ class Pipe:
     def reset(self) -> None:
         """Forget the previous step (not the gradients: call ``optimizer.zero_grad()`` for that)."""
         self._saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor, int]] = {}
-        self._sends: list[Any] = []
+        self._pending: list[Transfer] = []  # asked for since the last compute, not posted yet
+        self._sends: list[tuple[list[Any], list[torch.Tensor]]] = []  # posted sends not waited for yet
+        self.batches_posted = 0
         self._mailbox: dict[int, torch.Tensor] = {}
         self.events: list[Event] = []
         self.losses: list[float] = []
@@ -286,9 +314,13 @@ class Pipe:
         self.done: set[tuple[int, int]] = set()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+        if self._collectives():
             dist.barrier()
         self.t0 = time.perf_counter()
+
+    def _collectives(self) -> bool:
+        """Whether this Pipe talks to other processes (a process group of more than one rank)."""
+        return dist.is_available() and dist.is_initialized() and self.world_size > 1
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -309,47 +341,73 @@ class Pipe:
         return ((mb * self.num_stages + boundary) * 2 + int(backward)) % (2 ** 31 - 1)
 
     # --- point-to-point ------------------------------------------------------------------------------
-    def _recv(self, src: int, tag: int) -> torch.Tensor:
+    def _what(self, mb: int, boundary: int, backward: bool) -> str:
+        if backward:
+            return f"gradient of micro-batch {mb}, stage {boundary + 1} -> {boundary}"
+        return f"activation of micro-batch {mb}, stage {boundary} -> {boundary + 1}"
+
+    def _recv(self, src: int, mb: int, boundary: int, backward: bool) -> torch.Tensor:
+        tag = self._tag(mb, boundary, backward)
         if src == self.rank:  # a chunk of this very rank (interleaved on one process): no transfer
             if tag not in self._mailbox:
                 raise RuntimeError(f"rank {self.rank}: waiting for its own message {tag} that was never sent: "
                                    "the schedule receives before it sends (it would hang across processes)")
             return self._mailbox.pop(tag).clone()
         buf = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
-        if self.blocking:
-            dist.recv(buf, src=src, tag=tag)
-        else:
-            dist.irecv(buf, src=src, tag=tag).wait()
-        return buf
+        self._request(Transfer("recv", src, buf, tag, self._what(mb, boundary, backward)))
+        return buf  # filled when the transfers are posted, just before the next compute
 
-    def _send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+    def _send(self, t: torch.Tensor, dst: int, mb: int, boundary: int, backward: bool) -> None:
         t = t.detach().contiguous()
+        tag = self._tag(mb, boundary, backward)
         if dst == self.rank:
             self._mailbox[tag] = t
-        elif self.blocking:
-            dist.send(t, dst=dst, tag=tag)
         else:
-            self._sends.append((dist.isend(t, dst=dst, tag=tag), t))  # keep t alive until sent
+            self._request(Transfer("send", dst, t, tag, self._what(mb, boundary, backward)))
+
+    def _request(self, transfer: Transfer) -> None:
+        self._pending.append(transfer)
+
+    def _flush(self) -> None:
+        """Post the transfers asked for since the last compute, all together (one ``batch_isend_irecv``), and
+        wait for them if one of them is a receive (or if ``blocking``). The compute methods and
+        :meth:`finish` call it; a schedule never needs to."""
+        if not self._pending:
+            return
+        ops, self._pending = self._pending, []
+        self.batches_posted += 1
+        works = self._post(ops)
+        if self.blocking or any(op.kind == "recv" for op in ops):
+            for work in works:
+                work.wait()
+        else:
+            self._sends.append((works, [op.tensor for op in ops]))  # keep the tensors alive until sent
+
+    def _post(self, ops: list[Transfer]) -> list[Any]:
+        """The one place that talks to torch.distributed: one batch for ``ops``, whatever their number, so
+        that NCCL sees every transfer of this Pipe the same way (a batch on the group's communicator)."""
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer,
+                                                  tag=op.tag) for op in ops])
 
     def recv_forward(self, mb: int, chunk: int = 0) -> torch.Tensor:
         """The input of micro-batch ``mb``: its token ids on the first stage, else the previous stage's output."""
         stage = self._stage(chunk)
         if stage.is_first:
             return self.ids[mb]
-        return self._recv(self._peer(chunk, -1), self._tag(mb, stage.index - 1, False))
+        return self._recv(self._peer(chunk, -1), mb, stage.index - 1, False)
 
     def send_forward(self, mb: int, y: torch.Tensor, chunk: int = 0) -> None:
         """Send the output of micro-batch ``mb`` to the next stage (nothing to send from the last stage)."""
         stage = self._stage(chunk)
         if not stage.is_last:
-            self._send(y, self._peer(chunk, +1), self._tag(mb, stage.index, False))
+            self._send(y, self._peer(chunk, +1), mb, stage.index, False)
 
     def recv_backward(self, mb: int, chunk: int = 0) -> torch.Tensor | None:
         """The gradient of micro-batch ``mb``'s output, from the next stage (None on the last stage)."""
         stage = self._stage(chunk)
         if stage.is_last:
             return None
-        return self._recv(self._peer(chunk, +1), self._tag(mb, stage.index, True))
+        return self._recv(self._peer(chunk, +1), mb, stage.index, True)
 
     def send_backward(self, mb: int, dx: torch.Tensor | None, chunk: int = 0) -> None:
         """Send the gradient of micro-batch ``mb``'s input to the previous stage (nothing from stage 0)."""
@@ -357,17 +415,32 @@ class Pipe:
         if not stage.is_first:
             if dx is None:
                 raise ValueError(f"rank {self.rank}: send_backward of micro-batch {mb} got None: pass the input gradient")
-            self._send(dx, self._peer(chunk, -1), self._tag(mb, stage.index - 1, True))
+            self._send(dx, self._peer(chunk, -1), mb, stage.index - 1, True)
 
     # --- compute -------------------------------------------------------------------------------------
     def forward_compute(self, mb: int, x: torch.Tensor, chunk: int = 0) -> torch.Tensor:
         """Run the stage on micro-batch ``mb``; keep its input and output for the backward.
-        Returns the output activation, or on the last stage the loss divided by ``micro_batches``."""
+        Returns the output activation, or on the last stage the loss divided by ``micro_batches``.
+        The transfers asked for since the last compute are posted (together) first."""
         stage = self._stage(chunk)
         if (mb, chunk) in self._saved or (mb, chunk) in self.done:
             raise ValueError(f"rank {self.rank}: forward of micro-batch {mb} (chunk {chunk}) ran twice in one step")
+        self._flush()
         if not stage.is_first:
             x = x.detach().requires_grad_(True)
+        start = self._now()
+        y, nbytes = self._run_forward(stage, mb, x)
+        end = self._now()
+        self.events.append(Event(self.rank, mb, "F", start, end, chunk))
+        self._saved[(mb, chunk)] = (x if not stage.is_first else None, y, nbytes)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.activation_bytes += nbytes
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self.activation_bytes)
+        return y
+
+    def _run_forward(self, stage: Stage, mb: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The computation itself: ``(output or loss / m, bytes autograd saved for the backward)``."""
         saved = [0]
         weights = {q.untyped_storage().data_ptr() for q in stage.parameters()}
         seen: set[int] = set()
@@ -379,48 +452,51 @@ class Pipe:
                 saved[0] += t.untyped_storage().nbytes()
             return t
 
-        start = self._now()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             y = stage(x)
             if stage.is_last:
                 loss = stage.loss(y, self.labels[mb])
                 self.losses.append(loss.item())
                 y = loss / self.micro_batches
-        end = self._now()
-        self.events.append(Event(self.rank, mb, "F", start, end, chunk))
-        self._saved[(mb, chunk)] = (x if not stage.is_first else None, y, saved[0])
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        self.activation_bytes += saved[0]
-        self.peak_activation_bytes = max(self.peak_activation_bytes, self.activation_bytes)
-        return y
+        return y, saved[0]
 
     def backward_compute(self, mb: int, grad: torch.Tensor | None, chunk: int = 0) -> torch.Tensor | None:
         """Backward of micro-batch ``mb`` through the stage (gradients accumulate in ``.grad``); frees what its
-        forward kept. Returns the gradient of the stage's input (None on the first stage)."""
+        forward kept. Returns the gradient of the stage's input (None on the first stage).
+        The transfers asked for since the last compute are posted (together) first."""
         stage = self._stage(chunk)
         if (mb, chunk) not in self._saved:
             raise ValueError(f"rank {self.rank}: backward of micro-batch {mb} (chunk {chunk}) before its forward")
+        if not stage.is_last and grad is None:
+            raise ValueError(f"rank {self.rank}: backward of micro-batch {mb} needs the gradient from the next stage")
+        self._flush()
         x, y, nbytes = self._saved.pop((mb, chunk))
         start = self._now()
-        if stage.is_last:
-            y.backward()
-        else:
-            if grad is None:
-                raise ValueError(f"rank {self.rank}: backward of micro-batch {mb} needs the gradient from the next stage")
-            torch.autograd.backward(y, grad_tensors=grad)
+        dx = self._run_backward(stage, x, y, grad)
         end = self._now()
         self.events.append(Event(self.rank, mb, "B", start, end, chunk))
         self.in_flight -= 1
         self.activation_bytes -= nbytes
         self.done.add((mb, chunk))
+        return dx
+
+    def _run_backward(self, stage: Stage, x: torch.Tensor | None, y: torch.Tensor,
+                      grad: torch.Tensor | None) -> torch.Tensor | None:
+        """The computation itself: the gradient of the stage's input (None on the first stage)."""
+        if stage.is_last:
+            y.backward()
+        else:
+            torch.autograd.backward(y, grad_tensors=grad)
         return None if stage.is_first else x.grad
 
     # --- end of step -----------------------------------------------------------------------------------
     def finish(self) -> StepStats:
-        """Wait for the pending sends, check every micro-batch ran backward, share the loss; returns the stats."""
-        for work, _ in self._sends:
-            work.wait()
+        """Post the last transfers, wait for the pending sends, check every micro-batch ran backward, share the
+        loss; returns the stats."""
+        self._flush()
+        for works, _ in self._sends:
+            for work in works:
+                work.wait()
         self._sends.clear()
         missing = sorted({(mb, c) for mb in range(self.micro_batches) for c in range(len(self.chunks))} - self.done)
         if missing or self._saved:
@@ -432,7 +508,7 @@ class Pipe:
         last_rank = (self.num_stages - 1) % self.world_size
         if any(c.is_last for c in self.chunks):
             loss = sum(self.losses) / len(self.losses)
-        if dist.is_available() and dist.is_initialized() and self.world_size > 1:
+        if self._collectives():
             t = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64, device=self.device)
             dist.broadcast(t, src=last_rank)
             loss = float(t.item())
@@ -484,9 +560,20 @@ def one_f_one_b_actions(rank: int, num_stages: int, micro_batches: int) -> list[
 
 
 def one_f_one_b_step(pipe: Pipe) -> None:
-    """1F1B: ``p - rank - 1`` warm-up forwards, then one forward / one backward, then the remaining backwards."""
+    """1F1B: ``p - rank - 1`` warm-up forwards, then one forward / one backward, then the remaining backwards.
+
+    In the steady state the Pipe posts a forward's send together with the next backward's receive (both
+    with the next stage), and a backward's send with the next forward's receive (both with the previous
+    stage): Megatron-LM's ``send_forward_recv_backward`` and ``send_backward_recv_forward``."""
     for kind, mb in one_f_one_b_actions(pipe.rank, pipe.world_size, pipe.micro_batches):
         (_forward if kind == "F" else _backward)(pipe, mb)
+
+
+def interleaved_warmup(rank: int, num_stages: int, micro_batches: int, virtual: int) -> int:
+    """How many forwards rank ``rank`` runs before its first backward in interleaved 1F1B (Megatron-LM's
+    count): all ``m * v`` of them if ``m == p``, else ``(p - rank - 1) * 2 + (v - 1) * p`` (at most all)."""
+    p, m, v = num_stages, micro_batches, virtual
+    return m * v if m == p else min(m * v, (p - rank - 1) * 2 + (v - 1) * p)
 
 
 def interleaved_actions(rank: int, num_stages: int, micro_batches: int, virtual: int
@@ -494,8 +581,8 @@ def interleaved_actions(rank: int, num_stages: int, micro_batches: int, virtual:
     """Megatron's interleaved 1F1B order for one rank: ``(kind, micro-batch, chunk)``.
 
     Micro-batches go in groups of ``p``: forward chunk 0 of the group, then chunk 1, ...; backwards visit
-    the chunks in reverse. Warm-up: ``(p - rank - 1) * 2 + (v - 1) * p`` forwards (all of them if fewer).
-    Needs ``micro_batches`` to be a multiple of ``p``.
+    the chunks in reverse. Warm-up: :func:`interleaved_warmup` forwards, then one forward / one backward,
+    then the backwards left. Needs ``micro_batches`` to be a multiple of ``p``.
     """
     p, m, v = num_stages, micro_batches, virtual
     if m % p:
@@ -510,7 +597,7 @@ def interleaved_actions(rank: int, num_stages: int, micro_batches: int, virtual:
         mb, chunk = fwd(k)
         return mb, v - 1 - chunk
 
-    warmup = total if m == p else min(total, (p - rank - 1) * 2 + (v - 1) * p)
+    warmup = interleaved_warmup(rank, p, m, v)
     actions: list[tuple[str, int, int]] = [("F", *fwd(k)) for k in range(warmup)]
     for i in range(total - warmup):
         actions += [("F", *fwd(warmup + i)), ("B", *bwd(i))]
@@ -518,10 +605,39 @@ def interleaved_actions(rank: int, num_stages: int, micro_batches: int, virtual:
     return actions
 
 
+def interleaved_steps(rank: int, num_stages: int, micro_batches: int, virtual: int
+                      ) -> list[list[tuple[str, int, int]]]:
+    """:func:`interleaved_actions` cut into the steps whose transfers go out together: one forward per step
+    in the warm-up, one forward + one backward per step in the steady state, one backward per step in the
+    cool-down."""
+    actions = interleaved_actions(rank, num_stages, micro_batches, virtual)
+    warmup = interleaved_warmup(rank, num_stages, micro_batches, virtual)
+    steady = micro_batches * virtual - warmup
+    steps = [[a] for a in actions[:warmup]]
+    steps += [actions[warmup + 2 * i: warmup + 2 * i + 2] for i in range(steady)]
+    steps += [[a] for a in actions[warmup + 2 * steady:]]
+    return steps
+
+
+def _step(pipe: Pipe, actions: Sequence[tuple[str, int, int]]) -> None:
+    """Ask for every input of ``actions``, run their computes, then ask for every output to be sent: the
+    receives of this step go out with the sends of the previous one, in one batch."""
+    inputs = [pipe.recv_forward(mb, c) if kind == "F" else pipe.recv_backward(mb, c) for kind, mb, c in actions]
+    outputs = [pipe.forward_compute(mb, x, c) if kind == "F" else pipe.backward_compute(mb, x, c)
+               for (kind, mb, c), x in zip(actions, inputs)]
+    for (kind, mb, c), y in zip(actions, outputs):
+        (pipe.send_forward if kind == "F" else pipe.send_backward)(mb, y, c)
+
+
 def interleaved_step(pipe: Pipe) -> None:
-    """Interleaved 1F1B over this rank's chunks (see :func:`interleaved_actions`)."""
-    for kind, mb, chunk in interleaved_actions(pipe.rank, pipe.world_size, pipe.micro_batches, len(pipe.chunks)):
-        (_forward if kind == "F" else _backward)(pipe, mb, chunk)
+    """Interleaved 1F1B over this rank's chunks (see :func:`interleaved_actions`), step by step
+    (:func:`interleaved_steps`). In the steady state both receives of a step are asked for before its two
+    computes: they go out with the previous step's two sends, four transfers in one batch (Megatron-LM's
+    ``send_forward_backward_recv_forward_backward``). One forward then one backward, each with its own
+    transfers, would deadlock on NCCL: the ranks form a ring, and a rank whose next forward needs no
+    receive would post its gradient send alone."""
+    for step in interleaved_steps(pipe.rank, pipe.world_size, pipe.micro_batches, len(pipe.chunks)):
+        _step(pipe, step)
 
 
 SCHEDULES: dict[str, Callable[[Pipe], None]] = {"naive": naive_step, "afab": afab_step, "1f1b": one_f_one_b_step,
@@ -612,5 +728,6 @@ def gantt(per_rank: Sequence[dict | StepStats], *, title: str = "Pipeline schedu
 
 __all__ = ["SCHEDULE_NAMES", "micro_batch_size", "check_world_size", "split_layers", "Stage", "split_model",
            "build_stage", "build_chunks", "Event", "StepStats", "Pipe", "naive_step", "afab_step",
-           "one_f_one_b_actions", "one_f_one_b_step", "interleaved_actions", "interleaved_step", "SCHEDULES",
+           "one_f_one_b_actions", "one_f_one_b_step", "interleaved_warmup", "interleaved_actions", "interleaved_steps",
+           "interleaved_step", "SCHEDULES", "Transfer",
            "train_step", "gather_stats", "bubble_theory", "bubble_fraction", "gantt"]
