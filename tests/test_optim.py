@@ -102,7 +102,7 @@ def test_lars_matches_the_formula(nesterov):
         bw, bb = torch.zeros_like(ew), torch.zeros_like(eb)
         for gw, gb in grads[:steps]:
             d = gw + wd * ew
-            trust = eta * norm(ew) / (norm(d) + eps)
+            trust = eta * norm(ew) / (norm(gw) + wd * norm(ew) + eps)  # the paper's denominator
             bw = mu * bw + trust * d
             ew = ew - lr * ((trust * d + mu * bw) if nesterov else bw)
             bb = mu * bb + gb  # "adapt": False: no trust ratio, no weight decay
@@ -111,6 +111,18 @@ def test_lars_matches_the_formula(nesterov):
         close(b, eb)
         close(opt.state[opt.param_groups[0]["params"][0]]["momentum_buffer"], bw)
         close(opt.state[opt.param_groups[1]["params"][0]]["momentum_buffer"], bb)
+
+
+def test_lars_trust_ratio_follows_the_paper():
+    """You et al. 2017 (and timm, pytorch-optimizer): eta * ||w|| / (||g|| + wd * ||w||), not
+    eta * ||w|| / ||g + wd * w||. With w = (3, 4), g = (0, -0.5), wd = 0.1, eta = 0.01:
+    ||w|| = 5, ||g|| = 0.5, so trust = 0.01 * 5 / (0.5 + 0.1 * 5) = 0.05 (the other formula: 0.158);
+    d = g + wd * w = (0.3, -0.1) and, with lr 1 and no momentum, w becomes w - 0.05 * d = (2.985, 4.005)."""
+    w = torch.tensor([3.0, 4.0], dtype=torch.float64, requires_grad=True)
+    opt = O.LARS([w], lr=1.0, momentum=0.0, weight_decay=0.1, trust_coefficient=0.01, eps=0.0)
+    w.grad = torch.tensor([0.0, -0.5], dtype=torch.float64)
+    opt.step()
+    close(w.detach(), torch.tensor([2.985, 4.005], dtype=torch.float64))
 
 
 def test_lars_trust_ratio_is_one_for_zero_weights_and_adapt_false_ignores_weight_decay():
@@ -370,6 +382,40 @@ def test_cyclic_works_on_adam_and_cycles_sgd_momentum():
     assert opt.param_groups[0]["momentum"] == pytest.approx(0.9)  # starts at the low lr, so the high momentum
     assert opt.param_groups[0]["base_momentum"] == pytest.approx(0.8)
     O.make_scheduler("cyclic", sgd(momentum=0.0), 16)  # plain SGD: momentum is not switched on behind your back
+
+
+@pytest.mark.parametrize("name, betas", [("lion", (0.9, 0.99)), ("lamb", (0.9, 0.999)), ("adamw", (0.9, 0.999)),
+                                         ("adam_l2", (0.9, 0.999))])
+def test_onecycle_leaves_the_betas_alone(name, betas):
+    """OneCycleLR's cycle_momentum would set beta1 to 0.95 at once and cycle it to 0.85: Lion's beta1 is
+    not a momentum at all. The betas the optimiser was built with stay as they are, at every step."""
+    opt = O.make_optimizer(name, small_model(), lr=0.01)
+    scheduler = O.make_scheduler("onecycle", opt, 10)
+    seen = set()
+    for _ in range(10):
+        seen.update(tuple(g["betas"]) for g in opt.param_groups)
+        opt.step()
+        scheduler.step()
+    assert seen == {betas}
+    # asked for explicitly, beta1 is cycled
+    opt = O.make_optimizer(name, small_model(), lr=0.01)
+    O.make_scheduler("onecycle", opt, 10, cycle_momentum=True)
+    assert opt.param_groups[0]["betas"][0] == pytest.approx(0.95)
+
+
+@pytest.mark.parametrize("name", ["sgd", "lars"])
+def test_onecycle_cycles_the_momentum_of_momentum_optimizers(name):
+    opt = O.make_optimizer(name, small_model(), lr=0.1, momentum=0.9)
+    scheduler = O.make_scheduler("onecycle", opt, 10, pct_start=0.5)
+    moms = []
+    for _ in range(10):
+        moms.append(opt.param_groups[0]["momentum"])
+        opt.step()
+        scheduler.step()
+    assert moms[0] == pytest.approx(0.95) and min(moms) == pytest.approx(0.85)
+    opt = O.make_optimizer("sgd", small_model(), lr=0.1, momentum=0.0)
+    O.make_scheduler("onecycle", opt, 10)
+    assert opt.param_groups[0]["momentum"] == 0.0  # plain SGD: momentum is not switched on behind your back
 
 
 @pytest.mark.parametrize("args, kw, match", [

@@ -134,14 +134,18 @@ class LARS(Optimizer):
     """LARS, Layer-wise Adaptive Rate Scaling (You, Gitman & Ginsburg 2017, *Large Batch Training of
     Convolutional Networks*): momentum SGD whose step is rescaled per tensor by a trust ratio.
 
-    The exact formula used here (there are several variants in the wild: some put the trust ratio on the
-    learning rate after the momentum, some clip it, some apply it to biases too). For each parameter
-    ``p`` with gradient ``g``, in a group with ``"adapt": True`` (the default)::
+    The exact formula used here, the paper's (there are several variants in the wild: some put the trust
+    ratio on the learning rate after the momentum, some clip it, some apply it to biases too). For each
+    parameter ``p`` with gradient ``g``, in a group with ``"adapt": True`` (the default)::
 
         d     = g + wd * p                                       # L2 weight decay, coupled
-        trust = eta * ||p|| / (||d|| + eps)   if ||p|| > 0 and ||d|| > 0, else 1
+        trust = eta * ||p|| / (||g|| + wd * ||p|| + eps)   if ||p|| > 0 and the denominator > 0, else 1
         buf   = momentum * buf + trust * d                       # buf starts at 0 (state 'momentum_buffer')
         p     = p - lr * buf                                     # nesterov: p - lr * (trust * d + momentum * buf)
+
+    The denominator is ``||g|| + wd * ||p||`` (You et al. 2017, eq. 6; as in timm and pytorch-optimizer),
+    an upper bound of ``||d|| = ||g + wd * p||``: the two differ when the gradient and the weights point
+    in different directions, and the paper's ratio is then the smaller one.
 
     ``eta`` is ``trust_coefficient`` (0.001 in the paper, so ``lr`` is typically of order 1-10). In a
     group with ``"adapt": False`` (biases and normalisation parameters, see :func:`param_groups`) the
@@ -175,8 +179,9 @@ class LARS(Optimizer):
             eta, eps, adapt = group["trust_coefficient"], group["eps"], group.get("adapt", True)
             for p, g in _grads(group):
                 if adapt:
+                    w_norm = torch.linalg.vector_norm(p)
                     d = g.add(p, alpha=wd) if wd != 0 else g
-                    trust = _trust_ratio(eta * torch.linalg.vector_norm(p), torch.linalg.vector_norm(d), eps)
+                    trust = _trust_ratio(eta * w_norm, torch.linalg.vector_norm(g) + wd * w_norm, eps)
                     d = d * trust
                 else:
                     d = g
@@ -386,8 +391,11 @@ def make_scheduler(name: str, optimizer: Optimizer, total_steps: int, *, warmup_
       momentum > 0, LARS) the momentum is cycled the opposite way, between momentum - 0.1 and momentum;
       Adam-type optimisers keep their betas. No warm-up (the cycle ramps up by itself).
     - ``"onecycle"``: ``OneCycleLR`` with ``max_lr`` = the optimiser's lr: from max_lr/25 up to max_lr
-      (over ``warmup_steps`` if given, else 30 % of the run), then cosine down to max_lr/1e4; momentum
-      (or Adam's beta1) cycled between 0.95 and 0.85 when the optimiser has one.
+      (over ``warmup_steps`` if given, else 30 % of the run), then cosine down to max_lr/1e4. When the
+      optimiser uses momentum (SGD with momentum > 0, LARS) the momentum is cycled between 0.95 and 0.85.
+      Optimisers with ``betas`` (Adam, AdamW, LAMB, Lion) keep them: ``OneCycleLR`` would otherwise
+      overwrite beta1 at every step, which for Lion is not even a momentum (it only mixes the gradient
+      into the sign); pass ``cycle_momentum=True`` to cycle beta1 anyway.
     - ``"warmup_cosine"``: ``SequentialLR`` of a ``LinearLR`` warm-up over ``warmup_steps`` steps, then
       ``CosineAnnealingLR`` from the base lr down to 0, reached just after the last step (the last step
       uses a tiny but non-zero lr). With ``warmup_steps=0``: the cosine alone.
@@ -434,7 +442,7 @@ def make_scheduler(name: str, optimizer: Optimizer, total_steps: int, *, warmup_
     # onecycle
     if warmup_steps:
         kw.setdefault("pct_start", warmup_steps / total_steps)
-    kw.setdefault("cycle_momentum", _momentum_in_use(optimizer) or "betas" in optimizer.defaults)
+    kw.setdefault("cycle_momentum", _momentum_in_use(optimizer))
     return sched.OneCycleLR(optimizer, max_lr=base, total_steps=total_steps, **kw)
 
 
