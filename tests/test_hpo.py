@@ -445,3 +445,133 @@ def test_ray_tune_sbatch_argument_errors_are_one_line(tmp_path):
     assert res.returncode == 2 and "error: driver 'Jour4/nope.ipynb' not found" in res.stderr
     res = run("README.md")
     assert res.returncode == 2 and "neither a notebook (.ipynb) nor a Python script (.py)" in res.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Stepped parameters: the same values for Optuna and Ray; PBT's explore step stays inside the space
+# --------------------------------------------------------------------------------------------------
+
+from dlo.lessons.hpo.space import clip_to_space, grid  # noqa: E402
+
+STEPPED = {"odd": {"type": "int", "low": 1, "high": 9, "step": 2},
+           "tenths": {"type": "float", "low": 0.1, "high": 1.0, "step": 0.1},
+           "offset": {"type": "float", "low": 0.05, "high": 0.95, "step": 0.15}}
+
+
+def optuna_values(name, spec, n=400):
+    """The set of values Optuna's random sampler draws for one parameter."""
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    values = set()
+    for _ in range(n):
+        trial = study.ask()
+        values.add(hpo.suggest(trial, {name: spec})[name])
+        study.tell(trial, 0.0)
+    return values
+
+
+@pytest.mark.parametrize("name", list(STEPPED))
+def test_stepped_parameters_have_the_same_values_in_optuna_and_ray(name):
+    pytest.importorskip("ray.tune")
+    spec = STEPPED[name]
+    expected = set(grid(hpo.validate_space({name: spec})[name]))
+    assert optuna_values(name, spec) == expected
+    dom = hpo.to_ray({name: spec})[name]
+    assert set(dom.categories) == expected
+    assert {dom.sample() for _ in range(300)} == expected
+    if name == "odd":
+        assert expected == {1, 3, 5, 7, 9}  # Ray's qrandint(1, 9, 2) gave {2, 4, 6, 8}
+
+
+@pytest.mark.parametrize("spec", [{"type": "float", "low": 0.0, "high": 1.0, "step": 0.3},
+                                  {"type": "int", "low": 1, "high": 10, "step": 2},
+                                  {"type": "float", "low": 0.1, "high": 0.95, "step": 0.1}])
+def test_a_step_that_does_not_divide_the_range_is_rejected_in_one_line(spec):
+    with pytest.raises(hpo.SearchSpaceError) as info:
+        hpo.validate_space({"x": spec})
+    text = str(info.value)
+    assert "does not divide the range" in text and "\n" not in text and text.startswith("invalid search space")
+
+
+def test_clip_to_space():
+    space = {"momentum": {"type": "float", "low": 0.0, "high": 0.99}, "lr": LR, **STEPPED,
+             "opt": {"type": "categorical", "choices": ["sgd", "adamw"]}}
+    config = {"momentum": 1.08, "lr": 1.2, "odd": 4.2, "tenths": 0.47, "offset": -3.0, "opt": "sgd", "other": 7}
+    assert clip_to_space(config, space) == {
+        "momentum": 0.99, "lr": 1.0, "odd": 5, "tenths": grid(hpo.validate_space(STEPPED)["tenths"])[4],
+        "offset": 0.05, "opt": "sgd", "other": 7}
+
+
+def test_pbt_explore_keeps_every_mutation_inside_the_space():
+    """Ray's explore step multiplies by 0.8 or 1.2 without bounds: from momentum 0.9, a third of the steps
+    gave 1.08, which the trainer rejects. With pbt_mutations + KeepInSpace every explored config is valid."""
+    pytest.importorskip("ray.tune")
+    import random
+
+    from ray.tune.schedulers.pbt import _explore
+
+    from dlo.lessons.hpo import ray as hray
+
+    space = {"lr": LR, "momentum": {"type": "float", "low": 0.0, "high": 0.99}, "odd": STEPPED["odd"],
+             "tenths": STEPPED["tenths"]}
+    start = {"lr": 0.9, "momentum": 0.9, "odd": 9, "tenths": 1.0}
+    random.seed(0)
+    plain = [_explore(start, hpo.to_ray({k: space[k] for k in ("lr", "momentum")}), 0.25, (1.2, 0.8), None)[0]
+             for _ in range(300)]
+    rejected = sum(not 0 <= c["momentum"] < 1 for c in plain)
+    assert 60 < rejected < 140  # the bug: about a third
+    explored = [_explore(start, hray.pbt_mutations(space), 0.25, (1.2, 0.8), hray.KeepInSpace(space))[0]
+                for _ in range(300)]
+    values = {k: set() for k in space}
+    for c in explored:
+        hpo.Trainer._check_config({"lr": c["lr"], "momentum": c["momentum"]})  # raises on a rejected config
+        assert 1e-4 <= c["lr"] <= 1.0 and 0.0 <= c["momentum"] <= 0.99
+        assert c["odd"] in {1, 3, 5, 7, 9} and c["tenths"] in grid(hpo.validate_space(space)["tenths"])
+        for k in space:
+            values[k].add(c[k])
+    assert 0.99 in values["momentum"] and len(values["momentum"]) > 2  # clipped at the bound, and explored
+    assert values["odd"] - {9} and values["tenths"] - {1.0}  # the stepped values move too
+    pbt = hray.pbt_scheduler(space, time_attr="training_iteration", perturbation_interval=2)
+    assert isinstance(pbt._custom_explore_fn, hray.KeepInSpace)
+    assert pbt._hyperparam_mutations["odd"] == [1, 3, 5, 7, 9]
+    with pytest.raises(ValueError, match="sets hyperparam_mutations itself"):
+        hray.pbt_scheduler(space, hyperparam_mutations={})
+
+
+def test_a_killed_workers_running_trial_is_failed_on_resume(tmp_path):
+    """A worker killed mid-trial leaves its trial RUNNING (a journal has no heartbeat); resuming fails it, and only
+    it: a running trial of a live process (this one) and finished trials are left alone."""
+    import socket
+    import subprocess
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from dlo.lessons.hpo.journal import fail_dead_trials, journal_storage
+
+    storage = journal_storage(tmp_path / "journal.log")
+    study = optuna.create_study(study_name="s", storage=storage)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = study.ask()
+    killed.set_user_attr("host", socket.gethostname())
+    killed.set_user_attr("pid", dead.pid)
+    alive = study.ask()
+    alive.set_user_attr("host", socket.gethostname())
+    alive.set_user_attr("pid", os.getpid())
+    other_host = study.ask()
+    other_host.set_user_attr("host", "another-node")
+    other_host.set_user_attr("pid", dead.pid)
+    done = study.ask()
+    study.tell(done, 1.0)
+    assert fail_dead_trials(storage, "s") == [killed.number]
+    states = {t.number: t.state for t in optuna.load_study(study_name="s", storage=journal_storage(tmp_path / "journal.log")).trials}
+    assert states == {killed.number: TrialState.FAIL, alive.number: TrialState.RUNNING,
+                      other_host.number: TrialState.RUNNING, done.number: TrialState.COMPLETE}
+    assert fail_dead_trials(storage, "s") == []  # idempotent
+
+
+def test_journal_lock_of_a_dead_writer_is_broken_after_the_grace_period(tmp_path):
+    from dlo.lessons.hpo.journal import LOCK_GRACE_S, journal_storage
+
+    storage = journal_storage(tmp_path / "journal.log")
+    assert storage._backend._lock._grace_period == LOCK_GRACE_S < 30

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 
 from dlo.runtime.paths import CACHE_DIR
+from dlo.lessons.hpo.space import clip_to_space, grid, to_ray, validate_space
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,6 +173,48 @@ def tune_progress(total: int, desc: str, metrics: Sequence[str] = ("accuracy", "
             self.bar, self.records = None, state.get("records", [])
 
     return TuneProgress()
+
+
+def pbt_mutations(space: Mapping | Sequence) -> dict[str, Any]:
+    """``hyperparam_mutations`` for Population Based Training from a search space: for a categorical or
+    stepped parameter the list of its values (PBT's explore step then moves to a neighbouring value, or
+    draws one anew: always a value of the space), for the others the :func:`to_ray` domain (PBT multiplies
+    the value by 0.8 or 1.2, or draws it anew: pair it with :class:`KeepInSpace`)."""
+    out: dict[str, Any] = {}
+    domains = to_ray(space)
+    for name, spec in validate_space(space).items():
+        if spec["type"] == "categorical":
+            out[name] = list(spec["choices"])
+        elif spec.get("step") is not None:
+            out[name] = grid(spec)
+        else:
+            out[name] = domains[name]
+    return out
+
+
+class KeepInSpace:
+    """PBT's ``custom_explore_fn``: brings every explored value back inside the search space
+    (:func:`~dlo.lessons.hpo.space.clip_to_space`). PBT's explore step multiplies a value by 1.2 without
+    looking at the bounds: from a momentum of 0.9 that is 1.08, which the trainer rejects."""
+
+    def __init__(self, space: Mapping | Sequence) -> None:
+        self.space = validate_space(space)
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        return clip_to_space(config, self.space)
+
+
+def pbt_scheduler(space: Mapping | Sequence, **kwargs: Any):
+    """A ``PopulationBasedTraining`` scheduler that explores ``space`` and stays inside it:
+    :func:`pbt_mutations` as its mutations and :class:`KeepInSpace` after each explore step. ``kwargs`` go to
+    ``PopulationBasedTraining`` (``time_attr``, ``perturbation_interval``, ...)."""
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    for key in ("hyperparam_mutations", "custom_explore_fn"):
+        if key in kwargs:
+            raise ValueError(f"pbt_scheduler sets {key} itself, from the space")
+    return PopulationBasedTraining(hyperparam_mutations=pbt_mutations(space), custom_explore_fn=KeepInSpace(space),
+                                   **kwargs)
 
 
 def pbt_exploits(experiment_dir: str | os.PathLike) -> list[dict[str, Any]]:

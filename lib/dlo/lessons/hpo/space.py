@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any, Mapping, Sequence
 
 
@@ -79,6 +80,10 @@ def _check_spec(name: str, spec: Any) -> dict[str, Any]:
             raise SearchSpaceError(f"{where}: 'step' must be a positive number, got {step!r}")
         if kind == "int" and not float(step).is_integer():
             raise SearchSpaceError(f"{where} is an int: 'step' must be an integer, got {step!r}")
+        span = Decimal(str(high)) - Decimal(str(low))  # decimal, as Optuna checks it: 0.9 / 0.1 is 9, not 9.000000000000002
+        if span % Decimal(str(step)) != 0:
+            raise SearchSpaceError(f"{where}: 'step' {step!r} does not divide the range {low!r}..{high!r} (its values "
+                                   f"are low + k * step and must end at high); choose a step that divides high - low")
     out: dict[str, Any] = {"type": kind, "low": low, "high": high, "log": log}
     if kind == "int":
         out.update(low=int(low), high=int(high))
@@ -97,9 +102,12 @@ def validate_space(space: Mapping[str, Mapping] | Sequence[tuple[str, Mapping]])
         {"type": "int", "low": 16, "high": 256, "log": True}             # optional "step"
         {"type": "categorical", "choices": ["sgd", "adamw"]}
 
+    A ``step`` means the values ``low, low + step, ..., high`` (both bounds included, as in Optuna): it
+    must divide ``high - low``.
+
     Errors, each one line naming the parameter: a name used twice (sampled under one name, two
     hyper-parameters would get the same value), an empty range (``low >= high``), a log scale with
-    ``low <= 0``, an unknown type or key, ``step`` with ``log``.
+    ``low <= 0``, an unknown type or key, ``step`` with ``log``, a step that does not divide the range.
     """
     pairs = _pairs(space)
     if not pairs:
@@ -147,6 +155,18 @@ def suggest(trial, space: Mapping | Sequence) -> dict[str, Any]:
     return values
 
 
+def grid(spec: Mapping[str, Any]) -> list[int] | list[float]:
+    """Every value of a stepped parameter (a validated spec with ``step``): ``low + k * step`` for
+    ``k = 0 .. (high - low) / step``, computed as Optuna computes them (so the same floats)."""
+    if spec.get("step") is None:
+        raise ValueError(f"grid() needs a stepped int or float spec, got {dict(spec)!r}")
+    low, step = spec["low"], spec["step"]
+    n = int((Decimal(str(spec["high"])) - Decimal(str(low))) / Decimal(str(step)))
+    if spec["type"] == "int":
+        return [low + k * step for k in range(n + 1)]
+    return [k * step + low for k in range(n + 1)]
+
+
 def to_optuna(space: Mapping | Sequence) -> dict[str, Any]:
     """``{name: optuna distribution}``, e.g. for ``ray.tune.search.optuna.OptunaSearch(space=...)``."""
     from optuna import distributions as D
@@ -163,26 +183,47 @@ def to_optuna(space: Mapping | Sequence) -> dict[str, Any]:
 
 
 def to_ray(space: Mapping | Sequence) -> dict[str, Any]:
-    """``{name: ray.tune domain}``: the same space for ``Tuner(param_space=...)`` and PBT's mutations."""
+    """``{name: ray.tune domain}``: the same space for ``Tuner(param_space=...)`` and PBT's mutations.
+
+    The same *values* as :func:`to_optuna`: a stepped parameter becomes ``tune.choice`` of its
+    :func:`grid` (Ray's ``qrandint`` / ``quniform`` round to multiples of the step counted from 0, not
+    from ``low``: from 1 to 9 by 2 they give 2, 4, 6, 8 where Optuna gives 1, 3, 5, 7, 9); an int range
+    includes ``high``, as in Optuna (Ray's ``randint`` excludes its upper bound, hence ``high + 1``)."""
     from ray import tune
 
     out: dict[str, Any] = {}
     for name, spec in validate_space(space).items():
-        kind, step = spec["type"], spec.get("step")
+        kind = spec["type"]
         if kind == "categorical":
             out[name] = tune.choice(spec["choices"])
+        elif spec.get("step") is not None and not (kind == "int" and spec["step"] == 1):
+            out[name] = tune.choice(grid(spec))
         elif kind == "float":
             lo, hi = spec["low"], spec["high"]
-            if spec["log"]:
-                out[name] = tune.loguniform(lo, hi)
-            else:
-                out[name] = tune.quniform(lo, hi, step) if step else tune.uniform(lo, hi)
-        else:  # ray's randint excludes the upper bound; Optuna's includes it
+            out[name] = tune.loguniform(lo, hi) if spec["log"] else tune.uniform(lo, hi)
+        else:
             lo, hi = spec["low"], spec["high"]
-            if spec["log"]:
-                out[name] = tune.lograndint(lo, hi + 1)
-            else:
-                out[name] = tune.qrandint(lo, hi, step) if step and step > 1 else tune.randint(lo, hi + 1)
+            out[name] = tune.lograndint(lo, hi + 1) if spec["log"] else tune.randint(lo, hi + 1)
+    return out
+
+
+def clip_to_space(config: Mapping[str, Any], space: Mapping | Sequence) -> dict[str, Any]:
+    """``config`` with every parameter of ``space`` brought back inside it: clipped to ``[low, high]``,
+    rounded for an int, moved to the nearest value of the grid for a stepped parameter. Categorical
+    values and names outside ``space`` are left as they are. What Population Based Training's explore
+    step needs: it multiplies a value by 0.8 or 1.2 without looking at the bounds (0.9 x 1.2 = 1.08, a
+    momentum no optimiser accepts)."""
+    out = dict(config)
+    for name, spec in validate_space(space).items():
+        if name not in out or spec["type"] == "categorical":
+            continue
+        value = min(max(out[name], spec["low"]), spec["high"])
+        if spec.get("step") is not None:
+            values = grid(spec)
+            value = values[min(range(len(values)), key=lambda k: abs(values[k] - value))]
+        elif spec["type"] == "int":
+            value = int(round(value))
+        out[name] = int(value) if spec["type"] == "int" else float(value)
     return out
 
 
