@@ -212,3 +212,30 @@ def test_torch_threads_restores():
 def test_synchronize_is_a_noop_on_cpu():
     bench.synchronize("cpu")
     bench.synchronize(None)
+
+# --------------------------------------------------------------------------------------------------
+# MFU against the peak of the precision the step computes in (dlo.measure.flops)
+# --------------------------------------------------------------------------------------------------
+
+def test_mfu_divides_by_the_peak_of_the_step_dtype():
+    from dlo.measure import flops as F
+
+    name = "NVIDIA H100 80GB HBM3"
+    fp32, bf16 = F.gpu_peak(name, dtype=torch.float32), F.gpu_peak(name, dtype=torch.bfloat16)
+    assert (fp32.peak_flops, bf16.peak_flops) == (67e12, 989e12)
+    assert fp32.dtype == "fp32" and fp32.name == "H100 SXM"
+    assert F.gpu_peak(name) is F.GPU_PEAKS["H100"]  # no dtype: the table's entry (16-bit peak)
+    # 6.7e12 useful FLOP/s in fp32 is 10 % of the fp32 peak, not 0.68 % of the bf16 one
+    assert F.mfu(1000, 6.7e9, fp32) == pytest.approx(0.10)
+    assert F.mfu(1000, 6.7e9, F.GPU_PEAKS["H100"], dtype=torch.float32) == pytest.approx(0.10)
+    assert F.mfu(1000, 6.7e9, F.GPU_PEAKS["H100"], dtype="bf16") == pytest.approx(6.7e12 / 989e12)
+    assert F.gpu_peak(name, dtype="tf32").peak_flops == 494e12
+    assert F.GPU_PEAKS["V100"].peak_flops == 125e12 and F.GPU_PEAKS["V100"].peak(torch.float16) == 125e12
+    with pytest.raises(ValueError, match="no bf16"):
+        F.gpu_peak("Tesla V100-SXM2-32GB", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="no tf32 peak"):
+        F.GPU_PEAKS["V100"].peak("tf32")
+    with pytest.raises(ValueError, match="no peak is quoted for dtype"):
+        F.GPU_PEAKS["H100"].peak(torch.float64)
+    with pytest.raises(ValueError, match="already a number"):
+        F.mfu(1000, 1e9, 1e15, dtype=torch.float32)

@@ -4,6 +4,9 @@ MFU answers "what fraction of the GPU's peak arithmetic did my training actually
 
     MFU = (model FLOPs per token x tokens per second) / peak FLOP/s
 
+where the peak is that of the precision the step computes in (bf16 under autocast, fp32 for a plain
+fp32 step: 67 instead of 989 TFLOP/s on an H100; see :func:`gpu_peak` and :func:`mfu`'s ``dtype``).
+
 ("model" FLOPs: those the model mathematically needs, not counting recomputation from activation
 checkpointing, which would give the *hardware* FLOPs utilisation, HFU). Published LLM trainings reach
 roughly 35-50 % (see /work/shared/REFERENCES.md: Megatron-LM 41-48 % on H100, torchtitan Llama 3.1 8B
@@ -30,7 +33,9 @@ parameters instead (as PaLM and many MFU reports do). Say which one you use when
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 from dlo.models.config import TransformerConfig
 from dlo.measure.memory import count_parameters
@@ -66,12 +71,33 @@ def flops_per_token(model: TransformerConfig | int, seq_len: int, *, training: b
     return float(factor * (2 * n + attention))
 
 
+#: Names of the precisions a peak is quoted for, and the spellings accepted for each.
+_PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+               "tf32": "tf32", "fp32": "fp32", "float32": "fp32", "float": "fp32"}
+
+
+def precision_name(dtype: torch.dtype | str) -> str:
+    """``"bf16"``, ``"fp16"``, ``"tf32"`` or ``"fp32"`` for a torch dtype or one of those names. TF32 is no
+    torch dtype: a float32 step whose matmuls run in TF32 (``torch.backends.cuda.matmul.allow_tf32``) is
+    ``"tf32"``."""
+    key = str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else str(dtype).lower()
+    if key not in _PRECISIONS:
+        raise ValueError(f"no peak is quoted for dtype {dtype!r}: use bf16, fp16, tf32 or fp32 "
+                         f"(or torch.bfloat16 / torch.float16 / torch.float32)")
+    return _PRECISIONS[key]
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """Reference figures of one accelerator (vendor datasheets, dense, no sparsity; REFERENCES.md).
 
     ``bf16_tflops``: dense 16-bit Tensor Core peak (fp16 for the V100, which has no bf16). These are
     *peaks*: a large bf16 matmul reaches ≈80 % of them on an H100 (≈795 of 989 TFLOP/s, REFERENCES.md).
+    The fp32 peak is 15x lower on an H100: an MFU must divide by the peak of the precision the step
+    actually computes in (:meth:`peak`), not by the 16-bit one.
+
+    ``dtype``: the precision :attr:`peak_flops` refers to (16-bit for the table's entries;
+    :func:`gpu_peak` with a ``dtype`` returns a copy for another one).
     """
 
     name: str
@@ -81,17 +107,29 @@ class GpuSpec:
     memory_gb: float
     hbm_tb_s: float
     note: str = ""
+    dtype: str = "bf16"
+
+    def peak(self, dtype: torch.dtype | str) -> float:
+        """Dense peak in FLOP/s for computing in ``dtype`` (see :func:`precision_name`)."""
+        precision = precision_name(dtype)
+        if precision == "bf16" and "no bf16" in self.note:
+            raise ValueError(f"the {self.name} has no bf16 Tensor Cores ({self.note}): use fp16 or fp32")
+        tflops = {"bf16": self.bf16_tflops, "fp16": self.bf16_tflops, "tf32": self.tf32_tflops,
+                  "fp32": self.fp32_tflops}[precision]
+        if tflops is None:
+            raise ValueError(f"the {self.name} has no {precision} peak (no such Tensor Core mode): use fp32")
+        return tflops * TERA
 
     @property
     def peak_flops(self) -> float:
-        """Dense 16-bit peak in FLOP/s, the usual denominator of MFU."""
-        return self.bf16_tflops * TERA
+        """Dense peak in FLOP/s for :attr:`dtype` (the 16-bit peak for the table's entries)."""
+        return self.peak(self.dtype)
 
 
 #: Reference figures (vendor datasheets, dense, no sparsity), see /work/shared/REFERENCES.md; memory sizes
 #: are those of the listed variants (V100: 32 GB SXM2, a 16 GB one exists).
 GPU_PEAKS: dict[str, GpuSpec] = {
-    "V100": GpuSpec("V100 SXM2", 125.0, None, 15.7, 32, 0.9, "fp16 Tensor Core (no bf16 on Volta)"),
+    "V100": GpuSpec("V100 SXM2", 125.0, None, 15.7, 32, 0.9, "fp16 Tensor Core (no bf16 on Volta)", dtype="fp16"),
     "A100": GpuSpec("A100 SXM 80 GB", 312.0, 156.0, 19.5, 80, 2.0),
     "H100": GpuSpec("H100 SXM", 989.0, 494.0, 67.0, 80, 3.35),
     "H200": GpuSpec("H200", 989.0, 494.0, 67.0, 141, 4.8, "same compute as the H100 SXM, more and faster HBM"),
@@ -102,27 +140,44 @@ GPU_PEAKS: dict[str, GpuSpec] = {
 _EXCLUDED = re.compile(r"PCIE|NVL|\bGH200\b", re.IGNORECASE)
 
 
-def gpu_peak(name: str | None) -> GpuSpec | None:
+def gpu_peak(name: str | None, dtype: torch.dtype | str | None = None) -> GpuSpec | None:
     """The table entry for a device name as ``torch.cuda.get_device_name()`` reports it, e.g.
     "NVIDIA H100 80GB HBM3" → H100, "NVIDIA A100-SXM4-80GB" → A100, "Tesla V100-SXM2-32GB" → V100;
     None when unknown (a CPU, another GPU) or for variants with another peak (H100/V100 PCIe, H200 NVL).
-    A100 PCIe boards have the A100 SXM's 16-bit peak and are matched."""
+    A100 PCIe boards have the A100 SXM's 16-bit peak and are matched.
+
+    With ``dtype`` (the precision the step computes in: ``torch.float32``, ``torch.bfloat16``, ``"tf32"``...)
+    the entry's :attr:`~GpuSpec.peak_flops` is that precision's peak: an fp32 step on an H100 is measured
+    against 67 TFLOP/s, not the 989 of bf16."""
     if not name:
         return None
     for key, spec in GPU_PEAKS.items():
         if re.search(rf"(?<![A-Z0-9]){key}(?![0-9])", name, re.IGNORECASE):
             if key != "A100" and _EXCLUDED.search(name):
                 return None
-            return spec
+            if dtype is None:
+                return spec
+            precision = precision_name(dtype)
+            spec.peak(precision)  # a precision this GPU has no peak for is an error here, not later
+            return replace(spec, dtype=precision)
     return None
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec) -> float:
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec,
+        dtype: torch.dtype | str | None = None) -> float:
     """Model FLOPs utilisation: ``tokens_per_s · flops_per_token / peak_flops`` (a fraction, 0.4 = 40 %).
 
-    ``peak_flops`` in FLOP/s for the whole set of GPUs the tokens were processed on (a GpuSpec: one GPU);
-    for ``g`` GPUs use ``g · spec.peak_flops`` with the total throughput, or the per-GPU throughput."""
-    peak = peak_flops.peak_flops if isinstance(peak_flops, GpuSpec) else float(peak_flops)
+    ``peak_flops`` in FLOP/s for the whole set of GPUs the tokens were processed on, or a GpuSpec (one
+    GPU): then the peak of ``dtype``, the precision the step computes in (default: the spec's own
+    :attr:`~GpuSpec.dtype`, 16-bit for the table's entries). An fp32 step divided by the bf16 peak would
+    report an MFU 15x too low on an H100. For ``g`` GPUs use ``g · spec.peak(dtype)`` with the total
+    throughput, or the per-GPU throughput."""
+    if isinstance(peak_flops, GpuSpec):
+        peak = peak_flops.peak(dtype) if dtype is not None else peak_flops.peak_flops
+    else:
+        if dtype is not None:
+            raise ValueError("dtype picks a peak from a GpuSpec; peak_flops is already a number of FLOP/s")
+        peak = float(peak_flops)
     if not peak > 0:
         raise ValueError(f"peak_flops must be positive, got {peak_flops!r}")
     if tokens_per_s < 0 or flops_per_token < 0:
@@ -130,4 +185,4 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec
     return tokens_per_s * flops_per_token / peak
 
 
-__all__ = ["TERA", "flops_per_token", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]
+__all__ = ["TERA", "flops_per_token", "precision_name", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]

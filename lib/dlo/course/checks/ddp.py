@@ -146,33 +146,38 @@ def _check_epoch(train_epoch: Callable) -> str:
     return "set_epoch(epoch) gives each epoch its own shuffle, identical on all ranks"
 
 
+def _run_ranks(fn: Callable, nproc: int, *extra: str) -> list[dict]:
+    """Each of ``nproc`` gloo processes imports the script defining ``fn`` and calls it (see ddp_worker.py)."""
+    name = fn.__name__
+    script = Path(fn.__code__.co_filename)
+    expect(script.suffix == ".py" and script.is_file(),
+           f"{name} must be defined in a script file (ddp_train.py) so that {nproc} processes can import it")
+    try:
+        records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
+                         env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+    except LaunchError as exc:
+        # Every rank may have answered before one of them died while shutting down (a crash at exit of a
+        # gloo thread under heavy load): their answers are what is checked, so use them if complete.
+        try:
+            records = read_records(exc.records_dir) if exc.records_dir else []
+        except ValueError:  # a half-written record: the run really failed
+            records = []
+        if sorted(r.get("rank") for r in records) != list(range(nproc)):
+            raise CheckFailed(f"the {nproc}-process run failed: {exc.last_line}") from None
+    errors = [r["error"] for r in records if "error" in r]
+    if any(e.startswith("NotImplementedError") for e in errors):
+        raise NotImplementedError(errors[0].split(":", 1)[-1].strip())
+    expect(not errors, f"{name} raised on {nproc} processes: {errors[0] if errors else ''}")
+    return sorted(records, key=lambda r: r["rank"])
+
+
 @register("ddp", "reduce", ("reduce_metrics",), SCRIPT)
 def _check_reduce(reduce_metrics: Callable) -> str:
     if not dist.is_initialized():  # one process: the local numbers are the global ones
         got = reduce_metrics(torch.tensor(5.0, dtype=torch.float64), torch.tensor(4), torch.tensor(10))
         expect(isinstance(got, dict) and abs(got.get("loss", -1) - 0.5) < 1e-9 and abs(got.get("accuracy", -1) - 0.4) < 1e-9,
                 f"one process (no process group): expected loss 0.5, accuracy 0.4, got {got!r}")
-    script = Path(reduce_metrics.__code__.co_filename)
-    expect(script.suffix == ".py" and script.is_file(),
-            "reduce_metrics must be defined in a script file (ddp_train.py) so that 2 processes can import it")
-
-    try:
-        records = launch(WORKER, [str(script), "reduce_metrics"], nproc=2, timeout_s=600, echo=False,
-                         env={"OMP_NUM_THREADS": "1"}, use_srun=False)
-    except LaunchError as exc:
-        # Both ranks may have answered before one of them died while shutting down (a crash at exit of a
-        # gloo thread under heavy load): their answers are what is checked, so use them if complete.
-
-        try:
-            records = read_records(exc.records_dir) if exc.records_dir else []
-        except ValueError:  # a half-written record: the run really failed
-            records = []
-        if sorted(r.get("rank") for r in records) != [0, 1]:
-            raise CheckFailed(f"the 2-process run failed: {exc.last_line}") from None
-    errors = [r["error"] for r in records if "error" in r]
-    if any(e.startswith("NotImplementedError") for e in errors):
-        raise NotImplementedError(errors[0].split(":", 1)[-1].strip())
-    expect(not errors, f"reduce_metrics raised on 2 processes: {errors[0] if errors else ''}")
+    records = _run_ranks(reduce_metrics, 2)
     # rank 0: loss sum 5 over 10 images, 4 right; rank 1: loss sum 40 over 30 images, 27 right
     for r in records:
         got = r["result"]
@@ -204,4 +209,18 @@ def _check_checkpoint(save_on_main: Callable) -> str:
                 "save the unwrapped model (keys without 'module.'): use dlo.training.checkpoint.save_checkpoint, which unwraps DDP")
         fresh = _BNNet()
         fresh.load_state_dict(weights)
-    return "rank 0 writes a checkpoint that loads into a plain model; other ranks wait"
+    # Real processes: a barrier (or a save) on some ranks only passes in one process but hangs a real run.
+    with tempfile.TemporaryDirectory() as tmp:
+        records = _run_ranks(save_on_main, 3, tmp)
+    calls = [r["result"]["barriers"] for r in records]
+    waited = [rank for rank, c in enumerate(calls) if c]
+    expect(len(waited) == 3,
+           f"on 3 processes only rank(s) {waited or 'none'} called dist.barrier(): every rank must call it "
+           "(a barrier on rank 0 only hangs; no barrier lets ranks 1-2 read the file before it exists)")
+    expect(len({len(c) for c in calls}) == 1,
+           f"the ranks called dist.barrier() {[len(c) for c in calls]} times: the same number on every rank, "
+           "else the extra ones wait forever")
+    expect(calls[0][0], "rank 0 reached the barrier before the checkpoint existed: save first, then dist.barrier()")
+    expect(records[0]["result"]["returned"] is not None and all(r["result"]["returned"] is None for r in records[1:]),
+           "return the path on rank 0 and None on the other ranks")
+    return "rank 0 writes a checkpoint that loads into a plain model; every rank waits at the barrier (3 processes)"

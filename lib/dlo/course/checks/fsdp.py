@@ -66,8 +66,30 @@ def _check_fsdp(apply_fsdp: Callable) -> str:
         expect(all(type(p).__name__ == "DTensor" for p in model.parameters()),
                 "every parameter should be a sharded DTensor after fully_shard")
         got = model(input_ids=ids).logits
-        torch.testing.assert_close(got, expected, msg="the sharded model must compute what the plain model computes")
-    return "one FSDP unit per decoder layer plus the root: all-gathered one layer at a time"
+        expect(torch.allclose(got, expected, atol=1e-5, rtol=1e-4),
+               "the sharded model must compute what the plain model computes (fp32, no policy given)")
+        # mp_policy and offload are arguments: a bf16 run must really compute in bf16 in every unit
+        from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        off = OffloadPolicy()
+        model = apply_fsdp(_tiny(), mp_policy=mp, offload=off)
+        layers, root = _units(model)
+        seen: list[torch.dtype] = []
+        hooks = [layer.mlp.register_forward_pre_hook(lambda m, args: seen.append(m.down_proj.weight.dtype))
+                 for layer in layers]
+        model(input_ids=ids)
+        for h in hooks:
+            h.remove()
+        expect(len(seen) == len(layers) and all(d == torch.bfloat16 for d in seen),
+               f"with mp_policy=MixedPrecisionPolicy(param_dtype=bfloat16) the layers computed with weights in {seen}: "
+               "pass mp_policy=... to every fully_shard call (layers and root), else bf16 runs train in fp32")
+        groups = [unit._get_fsdp_state()._fsdp_param_group for unit in (*layers, root)]
+        expect(all(getattr(grp, "offload_policy", None) is off for grp in groups if grp is not None),
+               "pass offload (the OffloadPolicy argument) to every fully_shard call as offload_policy=...: "
+               "it was not the policy the units got")
+    return ("one FSDP unit per decoder layer plus the root: all-gathered one layer at a time; mixed precision "
+            "and offload policies reach every unit")
 
 
 @register("fsdp", "precision", ("mixed_precision_policy",), SCRIPT)

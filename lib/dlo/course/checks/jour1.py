@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dlo.course.checks.framework import expect, register
+from dlo.course.checks.framework import CheckFailed, expect, register
 
 
 # --------------------------------------------------------------------------------------------------
@@ -88,22 +88,24 @@ def _check_to_device(to_device: Callable) -> str:
 
 @register("jour1", "amp", ("train_step_amp",), J1)
 def _check_amp(train_step_amp: Callable) -> str:
-    torch.manual_seed(0)
-    model = _Recorder()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = _snapshot(model)
     x, y = _batch()
-    loss = train_step_amp(model, x, y, opt, nn.CrossEntropyLoss(), torch.bfloat16)
-    expect(bool(model.seen), "call the model on the images")
-    seen = model.seen[-1]
-    expect(seen["autocast"], "run the forward pass inside torch.autocast(device_type=..., dtype=dtype)")
-    expect(seen["dtype"] == torch.bfloat16, f"autocast must use the dtype argument (bf16 here), got {seen['dtype']}")
-    expect(isinstance(loss, torch.Tensor) and loss.ndim == 0, "return the loss as a 0-d tensor (no .item())")
-    expect(loss.dtype == torch.float32, "the loss should be float32 (autocast runs cross-entropy in fp32)")
-    expect(_params_changed(model, before), "do the backward pass and the optimizer step (parameters did not change)")
-    expect(all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters()),
-            "gradients of fp32 parameters must stay fp32: only the forward runs under autocast")
-    return "forward under bf16 autocast, fp32 loss and gradients, parameters updated"
+    for dtype in (torch.bfloat16, torch.float16):  # the dtype is an argument: try more than one value
+        torch.manual_seed(0)
+        model = _Recorder()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = _snapshot(model)
+        loss = train_step_amp(model, x, y, opt, nn.CrossEntropyLoss(), dtype)
+        expect(bool(model.seen), "call the model on the images")
+        seen = model.seen[-1]
+        expect(seen["autocast"], "run the forward pass inside torch.autocast(device_type=..., dtype=dtype)")
+        expect(seen["dtype"] == dtype,
+               f"autocast must use the dtype argument: asked for {dtype}, the forward ran under {seen['dtype']}")
+        expect(isinstance(loss, torch.Tensor) and loss.ndim == 0, "return the loss as a 0-d tensor (no .item())")
+        expect(loss.dtype == torch.float32, "the loss should be float32 (autocast runs cross-entropy in fp32)")
+        expect(_params_changed(model, before), "do the backward pass and the optimizer step (parameters did not change)")
+        expect(all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters()),
+               "gradients of fp32 parameters must stay fp32: only the forward runs under autocast")
+    return "forward under autocast in the dtype asked for (bf16 and fp16 tried), fp32 loss and gradients, parameters updated"
 
 
 @register("jour1", "fp16", ("train_step_fp16",), J1)
@@ -129,7 +131,14 @@ def _check_fp16(train_step_fp16: Callable) -> str:
     before = _snapshot(model)
     x, y = _batch()
     scaler = SpyScaler("cpu", init_scale=2.0**8)
-    loss = train_step_fp16(model, x, y, opt, nn.CrossEntropyLoss(), scaler)
+    try:
+        loss = train_step_fp16(model, x, y, opt, nn.CrossEntropyLoss(), scaler)
+    except AssertionError as exc:  # GradScaler's own checks (CheckFailed is raised by us, not by the scaler)
+        if isinstance(exc, CheckFailed):
+            raise
+        raise CheckFailed(f"GradScaler refused the call order ({exc}): call scaler.scale(loss).backward(), "
+                          "then scaler.step(optimizer) (which unscales and checks for inf), then scaler.update(), "
+                          "in that order") from None
     expect(bool(model.seen) and model.seen[-1]["autocast"] and model.seen[-1]["dtype"] == torch.float16,
             "run the forward pass inside torch.autocast(..., dtype=torch.float16)")
     expect(calls[:1] == ["scale"], "call scaler.scale(loss).backward() instead of loss.backward()")
@@ -137,7 +146,24 @@ def _check_fp16(train_step_fp16: Callable) -> str:
             "then scaler.step(optimizer) (not optimizer.step()) and scaler.update(), in that order")
     expect(isinstance(loss, torch.Tensor), "return the (unscaled) loss tensor")
     expect(_params_changed(model, before), "the optimizer step did not change the parameters")
-    return "fp16 autocast, scaled backward, scaler.step then scaler.update"
+    # The update itself: scaler.step divides the gradients by the scale, so they must have been computed
+    # from the scaled loss. A backward on the unscaled loss gives an update `scale` times too small.
+    torch.manual_seed(0)
+    ref = _Recorder()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        ref_loss = nn.CrossEntropyLoss()(ref(x), y)
+    ref_opt.zero_grad(set_to_none=True)
+    ref_loss.backward()  # what scale -> backward -> unscale computes (no overflow at this scale)
+    ref_opt.step()
+    got = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
+    want = torch.cat([(p.detach() - before[n]).flatten() for n, p in ref.named_parameters()])
+    ratio = (got.norm() / want.norm()).item()
+    expect(abs(ratio - 1) < 0.05,
+           f"the update is {ratio:.3g} x the expected one "
+           + ("(about 1/scale: the backward ran on the unscaled loss; call backward on scaler.scale(loss), "
+              "which scaler.step then unscales)" if ratio < 0.1 else "(the gradients were scaled or unscaled twice)"))
+    return "fp16 autocast, backward on the scaled loss, scaler.step then scaler.update: the update has the right size"
 
 
 @register("jour1", "channels_last", ("to_channels_last",), J1)
@@ -194,12 +220,16 @@ def _check_batch_sweep(largest_batch: Callable) -> str:
             "return the results of the batches that fitted, in order")
     best_none, res_none = largest_batch(lambda bs: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), [8])
     expect(best_none is None and res_none == [], "when nothing fits, return (None, [])")
-    other = None
-    try:
-        largest_batch(lambda bs: (_ for _ in ()).throw(ValueError("a real bug")), [8])
-    except ValueError as exc:
-        other = exc
-    expect(other is not None, "catch only torch.OutOfMemoryError: other errors are bugs and must propagate")
+    # RuntimeError is OutOfMemoryError's parent: catching it (or Exception) would hide real bugs too
+    for bug in (ValueError("a real bug"), RuntimeError("a real bug: shapes do not match")):
+        other = None
+        try:
+            largest_batch(lambda bs, bug=bug: (_ for _ in ()).throw(bug), [8])
+        except type(bug) as exc:
+            other = exc
+        expect(other is not None,
+               f"catch only torch.OutOfMemoryError: a {type(bug).__name__} is a bug and must propagate "
+               "(`except RuntimeError` or `except Exception` is too broad)")
     return "OOM is caught (and only OOM), the sweep stops there and reports the largest batch that fit"
 
 
@@ -207,28 +237,37 @@ def _check_batch_sweep(largest_batch: Callable) -> str:
 def _check_profiler(profile_steps: Callable) -> str:
     model = _Recorder()
     x, y = _batch()
-    calls = []
+    for wait, warmup, active in ((1, 1, 2), (2, 1, 3)):  # the schedule is an argument: try two of them
+        calls = []
 
-    def step() -> None:
-        calls.append(1)
-        nn.functional.cross_entropy(model(x), y).backward()
+        def step() -> None:
+            calls.append(1)
+            nn.functional.cross_entropy(model(x), y).backward()
 
-    with tempfile.TemporaryDirectory() as d:
-        prof = profile_steps(step, d, wait=1, warmup=1, active=2)
-        traces = list(Path(d).rglob("*.json"))
-        expect(len(calls) == 4, f"call step() wait + warmup + active = 4 times (called {len(calls)})")
-        expect(bool(traces), "write the trace with on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir)")
-        expect(prof is not None and hasattr(prof, "key_averages"), "return the profiler object")
-        names = {e.key for e in prof.key_averages()}
-        expect(any("conv" in n for n in names), "record the steps inside the profiler (call prof.step() after each)")
-    return "trace written for TensorBoard/Perfetto with a wait/warm-up/active schedule"
+        total = wait + warmup + active
+        with tempfile.TemporaryDirectory() as d:
+            prof = profile_steps(step, d, wait=wait, warmup=warmup, active=active)
+            traces = list(Path(d).rglob("*.json"))
+            expect(len(calls) == total, f"call step() wait + warmup + active = {total} times (called {len(calls)})")
+            expect(prof is not None and hasattr(prof, "key_averages"), "return the profiler object")
+            expect(getattr(prof, "step_num", 0) == total,
+                   f"call prof.step() after each step: the schedule counts steps only through it "
+                   f"(the profiler saw {getattr(prof, 'step_num', 0)} steps, expected {total})")
+            convs = {e.key: e.count for e in prof.key_averages() if e.key == "aten::conv2d"}
+            recorded = convs.get("aten::conv2d", 0)
+            expect(bool(traces), "write the trace with on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir)")
+            expect(recorded == active,
+                   f"the trace holds {recorded} steps, the schedule asks for the {active} active ones: pass "
+                   f"schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active) so that the "
+                   f"warm-up steps (slow, first calls) stay out of it")
+    return "trace written for TensorBoard/Perfetto with the wait/warm-up/active schedule asked for"
 
 
 @register("jour1", "evaluate", ("evaluate_fast",), J1)
 def _check_evaluate(evaluate_fast: Callable) -> str:
     torch.manual_seed(0)
     model = _Recorder()
-    data = [_batch(8, seed) for seed in range(3)]
+    data = [_batch(n, seed) for seed, n in enumerate((8, 5, 3))]  # batches of different sizes
     acc = evaluate_fast(model, data)
     expect(bool(model.seen), "run the model on every batch")
     seen = model.seen[-1]
@@ -237,5 +276,9 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
     model.eval()
     with torch.no_grad():
         expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
+    per_batch = sum((model(x).argmax(1) == y).float().mean().item() for x, y in data) / len(data)
+    expect(not (isinstance(acc, float) and abs(acc - per_batch) < 1e-9 and abs(per_batch - expected) > 1e-9),
+           f"you averaged the batches' accuracies ({per_batch:.3f}): with batches of different sizes count the "
+           f"correct predictions and divide by the number of images ({expected:.3f})")
     expect(isinstance(acc, float) and abs(acc - expected) < 1e-9, f"return the accuracy as a float ({expected:.3f} here), got {acc!r}")
     return "eval mode, no autograd graph, accuracy correct"

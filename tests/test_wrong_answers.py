@@ -1,0 +1,60 @@
+"""Every checker rejects the plausible wrong answers of tests/wrong_answers/, and says what is wrong.
+
+The corpus: ``tests/wrong_answers/<course>/<step>/<misconception>.py``. Each file is written the way a
+student would write the exercise (the functions the step checks, with their real names), gets the
+mistake its name describes, and sets ``EXPECT``: words the checker's message must contain (case
+insensitive) so that the message names the mistake, not only "something differs". Files are loaded like
+a course script (``load_exercises``), so the multi-process checkers can start processes that import them.
+
+``pytest tests/test_wrong_answers.py -s`` prints the corpus size and the rejection rate.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlo.course import checks
+
+CORPUS = Path(__file__).with_name("wrong_answers")
+FILES = sorted(CORPUS.glob("*/*/*.py"))
+RESULTS: dict[str, bool] = {}
+
+
+def _id(path: Path) -> str:
+    return "/".join(path.relative_to(CORPUS).with_suffix("").parts)
+
+
+def test_corpus_is_not_empty_and_names_real_steps():
+    assert len(FILES) >= 100
+    for path in FILES:
+        course, step = path.parent.parent.name, path.parent.name
+        assert course in checks.REGISTRY and step in checks.REGISTRY[course], f"{_id(path)}: no such step"
+
+
+@pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
+def test_wrong_answer_is_rejected_with_a_reason(path: Path):
+    course, step = path.parent.parent.name, path.parent.name
+    ns = checks.load_exercises(path)
+    expected = ns.get("EXPECT")
+    assert expected, f"{_id(path)} must set EXPECT (words the rejection message must contain)"
+    words = [expected] if isinstance(expected, str) else list(expected)
+    RESULTS[_id(path)] = False
+    with pytest.raises(checks.CheckFailed) as info:
+        checks.check(course, step, ns)
+    RESULTS[_id(path)] = True
+    message = str(info.value)
+    assert "not implemented yet" not in message, f"{_id(path)}: the wrong answer must be a complete answer"
+    for word in words:
+        assert word.lower() in message.lower(), f"{_id(path)}: the message does not say {word!r}: {message}"
+
+
+def test_report_rejection_rate():
+    """Runs last (file order): the corpus size and how much of it was rejected in this run."""
+    if not RESULTS:
+        pytest.skip("no wrong answer ran in this session (use -k to select some)")
+    rejected = sum(RESULTS.values())
+    steps = {k.rsplit("/", 1)[0] for k in RESULTS}
+    print(f"\nwrong-answer corpus: {len(FILES)} answers over {len({_id(p).rsplit('/', 1)[0] for p in FILES})} steps; "
+          f"this run: {len(RESULTS)} answers over {len(steps)} steps, {rejected} rejected "
+          f"({100 * rejected / len(RESULTS):.0f}%)")

@@ -1,0 +1,15 @@
+"""Divides the loss by the scale before backward as well: the update is scale times too small."""
+import torch
+
+EXPECT = 'unscaled loss'
+
+
+def train_step_fp16(model, images, labels, optimizer, criterion, scaler):
+    with torch.autocast(device_type=images.device.type, dtype=torch.float16):
+        loss = criterion(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+
+    (scaler.scale(loss) / scaler.get_scale()).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()

@@ -1,0 +1,12 @@
+"""Profiles every step (no schedule, no prof.step()): the warm-up steps pollute the trace."""
+import torch
+
+EXPECT = 'prof.step()'
+
+
+def profile_steps(step, trace_dir, wait=1, warmup=1, active=3):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                on_trace_ready=torch.profiler.tensorboard_trace_handler(str(trace_dir))) as prof:
+        for _ in range(wait + warmup + active):
+            step()
+    return prof

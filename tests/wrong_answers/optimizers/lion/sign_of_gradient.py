@@ -1,0 +1,11 @@
+"""Steps along sign(g): signSGD, no momentum in the direction."""
+import torch
+
+EXPECT = 'sign(g)'
+
+
+def lion_update(p, g, m, lr, beta1, beta2, weight_decay):
+    c = g
+    new_p = p * (1 - lr * weight_decay) - lr * torch.sign(c)
+    new_m = beta2 * m + (1 - beta2) * g
+    return new_p, new_m
