@@ -1,9 +1,14 @@
-"""Notebooks: committed clean, student versions up to date, solution-region syntax, the papermill runner."""
+"""Notebooks: committed clean, student versions up to date, solution-region syntax, kernel guard, typed
+parameters, the papermill runner (streamed output, kernel fallback, one-line errors)."""
 from __future__ import annotations
 
+import ast
+import io
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -126,9 +131,168 @@ def test_run_rejects_unknown_profile_in_one_line():
 
 def test_run_rejects_unknown_parameter_and_missing_notebook():
     res = _dlo("run", "Jour1/jour1.ipynb", "-p", "batchsize", "8")
-    assert res.returncode == 1 and "has no parameter(s) batchsize" in res.stderr
+    assert res.returncode == 2 and "has no parameter(s) batchsize" in res.stderr
     res = _dlo("run", "Jour1/nope.ipynb")
-    assert res.returncode == 1 and "no notebook at" in res.stderr
+    assert res.returncode == 2 and "no notebook at" in res.stderr
+
+
+def test_run_checks_parameter_types_before_starting_a_kernel():
+    start = time.monotonic()
+    res = _dlo("run", "Jour1/jour1.ipynb", "--profile", "smoke", "-p", "batch_size", "sixteen")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: parameter batch_size of jour1.ipynb expects int or None, not 'sixteen' (str)"]
+    assert res.stdout == "" and time.monotonic() - start < 30  # no kernel was started
+
+
+@pytest.mark.parametrize("out_dir", ["README.md", "/sys/dlo-test", "not-writable"])
+def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, tmp_path):
+    if out_dir == "not-writable":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o500)
+        out_dir = str(folder / "out")
+    res = _dlo("run", "tests/fixtures/failing.ipynb", "--profile", "smoke", "--out-dir", out_dir)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--out-dir" in lines[0], lines
+
+
+def test_dry_run_checks_and_starts_nothing(tmp_path):
+    res = _dlo("run", "tests/fixtures/failing.ipynb", "--profile", "smoke", "-p", "zero", "2", "--dry-run",
+               "--out-dir", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("ok: failing.ipynb would run with profile='smoke', zero=2")
+    assert (tmp_path / "out").is_dir() and not (tmp_path / "out" / "failing.ipynb").exists()
+
+
+def _params_nb(tmp_path: Path, source: str) -> Path:
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": source, "outputs": [],
+                     "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "p.ipynb"
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_parameter_types_from_annotations_and_defaults(tmp_path):
+    path = _params_nb(tmp_path, 'profile: str = "smoke"\nsize: int | None = None\nrate: float = 1\nflag = False\n'
+                                'sizes: "list[int] | None" = None\nopt: Optional[str] = None\nfree = None\n')
+    types = nbs.parameter_types(path)
+    assert types == {"profile": (str,), "size": (int, type(None)), "rate": (float,), "flag": (bool,),
+                     "sizes": (list, type(None)), "opt": (str, type(None)), "free": None}
+    assert nbs.parameters_of(path)["size"] is None
+    nbs.check_parameter_types(path, {"size": 16, "rate": 2, "sizes": [1, 2], "free": object(), "flag": True})
+    for name, value, message in [("size", "sixteen", "size of p.ipynb expects int or None, not 'sixteen' (str)"),
+                                 ("size", True, "expects int or None, not True (bool)"),
+                                 ("flag", 1, "flag of p.ipynb expects bool, not 1 (int)"),
+                                 ("profile", 3, "quote a text value")]:
+        with pytest.raises(nbs.NotebookArgumentError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            nbs.check_parameter_types(path, {name: value})
+
+
+@pytest.mark.parametrize("nb", nbs.source_notebooks(), ids=lambda p: p.stem)
+def test_every_parameter_has_a_type(nb):
+    untyped = [name for name, types in nbs.parameter_types(nb).items() if types is None]
+    assert not untyped, f"annotate {untyped} in the parameters cell, e.g. batch_size: int | None = None"
+
+
+@pytest.mark.parametrize("nb", nbs.source_notebooks(), ids=lambda p: p.stem)
+def test_notebook_starts_with_the_kernel_guard(nb):
+    code = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    assert nbs._source(code[0]).startswith(nbs.KERNEL_GUARD), \
+        "the first code cell must start with dlo.course.notebooks.KERNEL_GUARD (the 'which kernel' message)"
+
+
+def test_kernel_guard_says_which_kernel_in_one_line():
+    """Where dlo cannot be imported (here: Python without its site-packages), the guard stops in one line."""
+    res = subprocess.run([sys.executable, "-S", "-c", nbs.KERNEL_GUARD], cwd="/", capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "No module named 'dlo': select the kernel 'Python (dlo)' (Kernel > Change Kernel...); "
+        "not in the list? see 'JupyterHub' in README.md"]
+    assert "JupyterHub" in (ROOT / "README.md").read_text()
+
+
+def _echoing_record(tree: ast.Module) -> bool:
+    last = tree.body[-1] if tree.body else None
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)):
+        return False
+    func = last.value.func
+    return (func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")) == "record"
+
+
+@pytest.mark.parametrize("nb", nbs.source_notebooks(), ids=lambda p: p.stem)
+def test_no_cell_echoes_a_record(nb):
+    """A cell ending in record(...) would show the returned dict (20 lines) under the cell: end it with ';'."""
+    echoing = [i for i, c in enumerate((c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"), 1)
+               if _echoing_record(ast.parse(nbs._source(c))) and not nbs._source(c).rstrip().endswith(";")]
+    assert not echoing, f"code cells {echoing} end with record(...): add ';'"
+
+
+def test_line_filter_drops_noise_and_keeps_partial_lines():
+    out = io.StringIO()
+    stream = runner.LineFilter(out)
+    stream.write("step 1\nUSDT:2026-01-01 1:1 x.cpp:52] profiler_start\nKeyboardInterrupt caught in kernel\nha")
+    stream.write("lf\r 50%\r100%\n")
+    stream.write("no newline")
+    assert out.getvalue() == "step 1\nhalf\r 50%\r100%\n"
+    stream.flush()
+    assert out.getvalue().endswith("100%\nno newline")
+
+
+@pytest.mark.notebook
+def test_run_streams_cells_and_their_output(tmp_path):
+    res = _dlo("run", "tests/fixtures/streaming.ipynb", "--profile", "smoke", "--out-dir", str(tmp_path),
+               "-p", "steps", "3")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.splitlines()
+    heads = [line for line in out if line.startswith("--- code cell")]
+    assert [h.split(" (")[0] for h in heads] == [f"--- code cell {n}/4" for n in (1, 2, 3, 4)]
+    assert heads[1].endswith("s elapsed): import os") and heads[3].endswith("): for i in range(steps):")
+    assert out[out.index(heads[1]) + 1] == "hello from cell 2"
+    assert "**a Markdown display**" in out and "{'steps': 3, 'label': None}" in out
+    assert out[-5:-2] == ["step 0 of 3", "step 1 of 3", "step 2 of 3"]
+    assert out[-2].startswith("--- 4 code cells in ") and out[-1] == f"executed notebook: {tmp_path / 'streaming.ipynb'}"
+    both = res.stdout + res.stderr
+    assert "USDT:" not in both and "KeyboardInterrupt caught" not in both and "unknown parameter" not in both
+    executed = (tmp_path / "streaming.ipynb").read_text()
+    assert "USDT:2026" in executed  # left out of the log only: the executed notebook keeps every output
+    quiet = _dlo("run", "tests/fixtures/streaming.ipynb", "--profile", "smoke", "--out-dir", str(tmp_path), "--quiet")
+    assert quiet.returncode == 0 and quiet.stdout.splitlines() == [
+        f"executed notebook: {tmp_path / 'streaming.ipynb'}"] and quiet.stderr == ""
+
+
+def test_choose_kernel_falls_back_to_this_python(monkeypatch):
+    nb = FIXTURES / "streaming.ipynb"
+    monkeypatch.setattr(runner, "registered_kernels", lambda: {"dlo", "python3"})
+    assert runner.choose_kernel(nb) == ("dlo", None)
+    monkeypatch.setattr(runner, "registered_kernels", lambda: {"python3"})
+    kernel, note = runner.choose_kernel(nb)
+    assert kernel == runner.THIS_PYTHON_KERNEL and "\n" not in note
+    assert note == (f"note: no Jupyter kernel named 'dlo' is registered here: running streaming.ipynb with this "
+                    f"Python ({sys.executable}); to register it: "
+                    'python -m ipykernel install --user --name dlo --display-name "Python (dlo)"')
+
+
+@pytest.mark.notebook
+def test_run_without_a_registered_kernel_uses_this_python(tmp_path):
+    """An environment built from environment.yml or a cluster module has no 'dlo' kernelspec: the run goes on."""
+    nb = json.loads((FIXTURES / "streaming.ipynb").read_text())
+    nb["metadata"]["kernelspec"]["name"] = "dlo-not-registered"
+    path = tmp_path / "streaming.ipynb"
+    path.write_text(json.dumps(nb))
+    empty = tmp_path / "jupyter"
+    empty.mkdir()
+    env = {**os.environ, "JUPYTER_PATH": str(empty), "JUPYTER_DATA_DIR": str(empty)}
+    res = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--profile", "smoke", "--out-dir",
+                          str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    notes = res.stderr.strip().splitlines()
+    assert len(notes) == 1 and notes[0].startswith("note: no Jupyter kernel named 'dlo-not-registered' is registered")
+    assert sys.executable in notes[0] and "hello from cell 2" in res.stdout
 
 
 @pytest.mark.notebook
@@ -168,7 +332,8 @@ def test_jour1_bad_input_gives_one_clear_line(tmp_path, param, value, expected):
 def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys):
     ns = runner.run_plain(FIXTURES / "failing.ipynb", profile="smoke", parameters={"zero": 4})
     assert ns["answer"] == 0.25 and ns["profile"] == "smoke"
-    assert "--- code cell 3/3: print(answer)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--- code cell 3/3 (" in out and "s elapsed): print(answer)" in out
     with pytest.raises(nbs.NotebookError, match=r"failing.ipynb: code cell 2 \(answer = 1 / zero\) failed with "
                                                 r"ZeroDivisionError: division by zero"):
         runner.run_plain(FIXTURES / "failing.ipynb", profile="smoke")

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dlo.runtime.paths import ROOT
 
 
@@ -51,3 +53,57 @@ def test_cli_wiring():
     assert res.returncode == 0, res.stderr
     res = run("data", "--generated")
     assert res.returncode == 0 and "generated CIFAR-format data" in res.stdout
+
+
+def _dlo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dlo", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_docstring_states_the_exit_codes():
+    from dlo import cli
+
+    assert "1 a failed check, a stale student notebook or a notebook whose cell failed; 2 a usage" in \
+        " ".join(cli.__doc__.split())
+
+
+def test_slurm_help_and_usage_errors():
+    for flag in ("--help", "-h"):
+        res = _dlo("slurm", flag)
+        assert res.returncode == 0 and res.stdout.startswith("usage: dlo slurm") and "--cluster" in res.stdout
+    res = _dlo("slurm")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "TEMPLATE" in res.stderr
+    res = _dlo("slurm", "notebook", "--time", "soon")
+    assert res.returncode == 2 and res.stderr.startswith("dlo slurm: error: malformed time")
+
+
+@pytest.mark.parametrize("args, code, message", [
+    ((), 2, "dlo: error: the following arguments are required: COMMAND"),
+    (("nope",), 2, "dlo: error: argument COMMAND: invalid choice: 'nope'"),
+    (("run",), 2, "dlo run: error: the following arguments are required: notebook"),
+    (("run", "Jour1/jour1.ipynb", "--no-such-option"), 2, "dlo: error: unrecognized arguments: --no-such-option"),
+    (("run", "Jour1/jour1.ipynb", "--engine", "fast"), 2, "dlo run: error: argument --engine: invalid choice"),
+    (("run", "Jour1/nope.ipynb"), 2, "error: no notebook at"),
+    (("run", "Jour1/jour1.ipynb", "-p", "nope", "1"), 2, "error: jour1.ipynb has no parameter(s) nope"),
+    (("run", "Jour1/jour1.ipynb", "-p", "batch_size", "sixteen"), 2,
+     "error: parameter batch_size of jour1.ipynb expects int or None, not 'sixteen' (str)"),
+    (("run", "Jour1/jour1.ipynb", "--out-dir", "README.md"), 2, "error: output folder"),
+    (("run", "Jour1/jour1.ipynb", "--profile", "fast"), 2, "error: unknown profile 'fast'"),
+    (("check", "nope", "nope"), 2, "error: "),
+])
+def test_usage_errors_exit_2_in_one_line(args, code, message, capsys, monkeypatch):
+    from dlo import cli
+
+    monkeypatch.chdir(ROOT)
+    try:
+        returned = cli.main(list(args))
+    except SystemExit as exc:  # argparse's own errors
+        returned = exc.code
+    assert returned == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+def test_a_failed_notebook_exits_1(tmp_path):
+    res = _dlo("run", "tests/fixtures/failing.ipynb", "--profile", "smoke", "--quiet", "--out-dir", str(tmp_path))
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1].startswith("error: failing.ipynb: code cell 2 (answer = 1 / zero) failed")

@@ -1,7 +1,8 @@
 """``dlo``: the workbook's command line.
 
     dlo run NOTEBOOK [--profile smoke|full|auto] [-p NAME VALUE ...]   execute a notebook (papermill,
-                                              or --engine plain: its code cells in this Python, no Jupyter)
+                                              or --engine plain: its code cells in this Python, no Jupyter);
+                                              --dry-run: check the arguments only, start nothing
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
@@ -10,7 +11,9 @@
 
 ``python -m dlo ...`` is the same command without the console script.
 
-Errors are reported in one line on stderr with exit code 2 (1 for a failed check or notebook).
+Exit codes: 0 success; 1 a failed check, a stale student notebook or a notebook whose cell failed; 2 a usage
+error (unknown option, missing or wrong argument, a parameter the notebook does not have or of the wrong
+type, an output folder that cannot be written), reported in one line on stderr before anything runs.
 """
 from __future__ import annotations
 
@@ -20,10 +23,16 @@ import sys
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from dlo.course.notebooks import NotebookError, parse_value
-    from dlo.course.runner import run_notebook, run_plain
+    from dlo.course.runner import check_request, run_notebook, run_plain
 
     params = {name: parse_value(value) for name, value in (args.param or [])}
     try:
+        if args.dry_run:
+            notebook, injected, out = check_request(args.notebook, profile=args.profile, parameters=params,
+                                                    out_dir=args.out_dir)
+            shown = ", ".join(f"{k}={v!r}" for k, v in injected.items())
+            print(f"ok: {notebook.name} would run with {shown}; output folder {out}")
+            return 0
         if args.engine == "plain":
             run_plain(args.notebook, profile=args.profile, parameters=params, out_dir=args.out_dir)
             print(f"ran {args.notebook} as a plain script")
@@ -32,7 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                 log_output=not args.quiet)
     except NotebookError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1  # NotebookArgumentError: nothing ran
     print(f"executed notebook: {executed}")
     return 0
 
@@ -76,9 +85,16 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (``dlo run: error: ... (see dlo run --help)``), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dlo", description="Deep Learning Optimise workbook tools")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="dlo", description="Deep Learning Optimise workbook tools")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="execute a notebook with papermill into runs/<name>/")
     r.add_argument("notebook")
@@ -86,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a notebook parameter (repeatable); values are Python literals or strings")
     r.add_argument("--out-dir", default=None, help="where the executed notebook goes (default runs/<name>/)")
-    r.add_argument("--quiet", action="store_true", help="do not stream the cells' output")
+    r.add_argument("--quiet", action="store_true",
+                   help="print nothing while it runs (default: a line per code cell and what the cells print)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="check the notebook, parameters (names and types) and output folder, then stop")
     r.add_argument("--engine", choices=["papermill", "plain"], default="papermill",
                    help="papermill (default: executed notebook saved) or plain (this Python, no Jupyter needed)")
     r.set_defaults(func=_cmd_run)
@@ -107,10 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--generated", action="store_true")
     d.set_defaults(func=_cmd_data)
 
-    sl = sub.add_parser("slurm", help="render an sbatch template (see slurm/README.md)", add_help=False)
-    sl.add_argument("rest", nargs=argparse.REMAINDER)
-    sl.set_defaults(func=lambda a: _module_main("dlo.runtime.slurm", a.rest))
-
     # Commands that belong to one layer each; they parse their own options (`dlo train --help`). They need only
     # torch and torchvision, so `python -m dlo train ...` runs where Jupyter is not installed (a GPU node).
     for name, module, what in _DELEGATED:
@@ -121,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _DELEGATED = (
+    ("slurm", "dlo.runtime.slurm", "render an sbatch template (see slurm/README.md)"),
     ("train", "dlo.training.cli", "train the CIFAR ResNet with dlo's loop (checkpoints, exact resume)"),
     ("race", "dlo.lessons.race", "one attempt of the CIFAR-10 race (time to target accuracy)"),
     ("mix-bench", "dlo.lessons.mixing", "time MixUp/CutMix: the per-sample loop against the batched kernel"),
@@ -145,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

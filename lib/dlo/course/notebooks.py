@@ -33,6 +33,22 @@ class NotebookError(RuntimeError):
     """A notebook could not be run; the message is one line naming the cell and the error."""
 
 
+class NotebookArgumentError(NotebookError, ValueError):
+    """A run request that cannot start: no such notebook, an unknown parameter, a value of the wrong type, an
+    output folder that cannot be written. Raised before any kernel starts; ``dlo run`` exits with 2 for it."""
+
+
+# The first lines of every course notebook (its ``setup`` cell): opened with another kernel than "Python (dlo)",
+# the notebook stops at once with one line saying what to do, instead of a ModuleNotFoundError further down.
+KERNEL_GUARD = (
+    "try:  # without the course's kernel, say which one to pick\n"
+    "    import dlo\n"
+    "except ModuleNotFoundError as e:\n"
+    "    raise SystemExit(f\"{e}: select the kernel 'Python (dlo)' (Kernel > Change Kernel...); \"\n"
+    "                     \"not in the list? see 'JupyterHub' in README.md\") from None\n"
+)
+
+
 def resolve_profile(profile: str) -> str:
     """'smoke' | 'full' | 'auto' (full when a CUDA GPU is visible, else smoke) -> 'smoke' or 'full'."""
     if profile == "auto":
@@ -82,20 +98,89 @@ def source_notebooks(root: str | Path = ROOT) -> list[Path]:
 # Running
 # --------------------------------------------------------------------------------------------------
 
-def parameters_of(nb_path: str | Path) -> dict[str, Any]:
-    """Names and default values of the notebook's ``parameters`` cell (literals only)."""
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict, "tuple": tuple,
+          "None": type(None)}
+
+
+def _annotation_types(node: ast.expr | None) -> tuple[type, ...] | None:
+    """``int | None`` -> (int, NoneType); ``list[int]`` -> (list,); None for what is not a plain builtin type."""
+    if node is None:
+        return None
+    if isinstance(node, ast.Constant) and node.value is None:
+        return (type(None),)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+        try:
+            return _annotation_types(ast.parse(node.value, mode="eval").body)
+        except SyntaxError:
+            return None
+    if isinstance(node, ast.Name):
+        return (_TYPES[node.id],) if node.id in _TYPES else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        left, right = _annotation_types(node.left), _annotation_types(node.right)
+        return left + right if left and right else None
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+        if node.value.id == "Optional":
+            inner = _annotation_types(node.slice)
+            return inner + (type(None),) if inner else None
+        return _annotation_types(node.value)
+    return None
+
+
+def _parameters_cell(nb_path: str | Path) -> list[tuple[str, Any, tuple[type, ...] | None]]:
+    """(name, default, accepted types) for each assignment of the notebook's ``parameters`` cell."""
     nb = json.loads(Path(nb_path).read_text())
     for cell in nb["cells"]:
         if cell["cell_type"] == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            values: dict[str, Any] = {}
+            found = []
             for node in ast.parse(_source(cell)).body:
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                    try:
-                        values[node.targets[0].id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        values[node.targets[0].id] = ast.unparse(node.value)
-            return values
+                    target, value, annotation = node.targets[0], node.value, None
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                    target, value, annotation = node.target, node.value, node.annotation
+                else:
+                    continue
+                try:
+                    default = ast.literal_eval(value)
+                except ValueError:
+                    default = ast.unparse(value)
+                types = _annotation_types(annotation)
+                if types is None and annotation is None and default is not None:
+                    types = (type(default),)
+                found.append((target.id, default, types))
+            return found
     raise NotebookError(f"{nb_path} has no cell tagged 'parameters': add the tag to its first code cell")
+
+
+def parameters_of(nb_path: str | Path) -> dict[str, Any]:
+    """Names and default values of the notebook's ``parameters`` cell (literals only)."""
+    return {name: default for name, default, _ in _parameters_cell(nb_path)}
+
+
+def parameter_types(nb_path: str | Path) -> dict[str, tuple[type, ...] | None]:
+    """The types each parameter accepts: its annotation (``batch_size: int | None = None``), else the type of its
+    default (``seed = 0``: int); None when neither says (a ``None`` default without an annotation)."""
+    return {name: types for name, _, types in _parameters_cell(nb_path)}
+
+
+def _accepts(types: tuple[type, ...], value: Any) -> bool:
+    if isinstance(value, bool):  # True is an int to Python, not to a notebook parameter
+        return bool in types
+    if isinstance(value, int) and float in types:
+        return True
+    return isinstance(value, types)
+
+
+def check_parameter_types(nb_path: str | Path, parameters: dict[str, Any]) -> None:
+    """NotebookArgumentError, in one line naming the parameter, the expected type and the value, for the first
+    value that its parameters cell says it cannot take (checked before a kernel starts, not minutes later)."""
+    declared = parameter_types(nb_path)
+    for name, value in parameters.items():
+        types = declared.get(name)
+        if types and not _accepts(types, value):
+            expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            hint = " (quote a text value: -p NAME \"'text'\")" if str in types else ""
+            raise NotebookArgumentError(f"parameter {name} of {Path(nb_path).name} expects {expected}, "
+                                        f"not {value!r} ({type(value).__name__}){hint}")
 
 
 def parse_value(text: str) -> Any:

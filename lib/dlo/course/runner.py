@@ -1,58 +1,339 @@
 """Running a notebook: papermill (executed copy in runs/) or plain (its code cells in this Python).
+
+Both print a line as each code cell starts (``--- code cell 3/43 (12.5 s elapsed): first line``) and what the
+cell prints, as it comes, so that ``tail -f`` on a batch job's log shows where the notebook is. Lines that
+are noise outside a notebook (the profiler's ``USDT:`` traces, the kernel's ``KeyboardInterrupt caught in
+kernel``) are left out of that stream; the executed notebook keeps every output.
 """
 from __future__ import annotations
 
 import ast
+import collections
 import json
+import os
+import re
+import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TextIO
 
-from dlo.runtime.paths import RUNS_DIR
-from dlo.course.notebooks import NotebookError, _source, parameters_of, resolve_profile
+from dlo.course.notebooks import (NotebookArgumentError, NotebookError, _source, check_parameter_types,
+                                  parameters_of, resolve_profile)
+from dlo.runtime.paths import RUNS_DIR, probe_writable
+
 KERNEL_NAME = "dlo"
+THIS_PYTHON_KERNEL = "dlo-this-python"  # the stand-in kernel: ipykernel in the Python that runs `dlo run`
+INSTALL_KERNEL = 'python -m ipykernel install --user --name {name} --display-name "Python ({name})"'
+
+# Lines left out of the streamed output (never out of the executed notebook).
+NOISE = re.compile(r"^USDT:|KeyboardInterrupt caught in kernel|Kernel is running over TCP without encryption")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _prepare(notebook: str | Path, profile: str, parameters: dict[str, Any] | None,
              out_dir: str | Path | None) -> tuple[Path, dict[str, Any], Path]:
-    """Validate a run request; returns (notebook path, parameters to inject, output folder)."""
-    notebook = Path(notebook).resolve()
-    if not notebook.is_file() or notebook.suffix != ".ipynb":
-        raise NotebookError(f"no notebook at {notebook}: give the path of an .ipynb file, e.g. Jour1/jour1.ipynb")
+    """Validate a run request before anything starts; returns (notebook path, parameters to inject, output
+    folder, created if missing). NotebookArgumentError (one line) for a missing notebook, an unknown parameter, a value
+    of the wrong type or an output folder that cannot be written."""
+    path = Path(notebook).resolve()
+    if not path.is_file() or path.suffix != ".ipynb":
+        raise NotebookArgumentError(f"no notebook at {path}: give the path of an .ipynb file, e.g. Jour1/jour1.ipynb")
     profile = resolve_profile(profile)
-    declared = parameters_of(notebook)
+    declared = parameters_of(path)
     params = {"profile": profile, **(parameters or {})}
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise NotebookError(f"{notebook.name} has no parameter(s) {', '.join(unknown)}; "
-                            f"its parameters are: {', '.join(declared)}")
-    out = Path(out_dir).resolve() if out_dir else (RUNS_DIR / notebook.stem).resolve()
+        raise NotebookArgumentError(f"{path.name} has no parameter(s) {', '.join(unknown)}; "
+                                    f"its parameters are: {', '.join(declared)}")
+    check_parameter_types(path, params)
+    out = Path(out_dir).resolve() if out_dir else (RUNS_DIR / path.stem).resolve()
+    if out.exists() and not out.is_dir():
+        raise NotebookArgumentError(f"output folder {out} is a file: give a folder with --out-dir")
+    try:
+        probe_writable(out)
+    except OSError as exc:
+        raise NotebookArgumentError(f"cannot write to the output folder {out}: {exc.strerror or exc}; "
+                                    "choose another --out-dir") from None
     if "out_dir" in declared and "out_dir" not in params:
         params["out_dir"] = str(out)
-    return notebook, params, out
+    return path, params, out
+
+
+def check_request(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
+                  out_dir: str | Path | None = None) -> tuple[Path, dict[str, Any], Path]:
+    """What ``dlo run --dry-run`` does: every check of a run (notebook, parameter names and types, output folder,
+    created if missing) without starting anything. Returns (notebook, parameters to inject, output folder)."""
+    return _prepare(notebook, profile, parameters, out_dir)
+
+
+# --------------------------------------------------------------------------------------------------
+# The streamed output
+# --------------------------------------------------------------------------------------------------
+
+class LineFilter:
+    """A write-only text stream that passes whole lines on to ``target`` (``\r`` ends a line too, for progress
+    bars), leaving out the lines that match ``NOISE``."""
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            pieces = re.split(r"(?<=[\r\n])", self._partial + text)
+            self._partial = pieces.pop()  # "" when the text ended a line
+            self._emit(pieces)
+        return len(text)
+
+    def _emit(self, lines: list[str]) -> None:
+        kept = [line for line in lines if line and not NOISE.search(line)]
+        if kept:
+            self.target.write("".join(kept))
+            self.target.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            partial, self._partial = self._partial, ""
+            self._emit([partial])
+        self.target.flush()
+
+
+def _first_line(src: str) -> str:
+    return next((ln.strip() for ln in src.splitlines() if ln.strip()), "empty cell")[:60]
+
+
+def _cell_line(number: int, total: int, src: str, elapsed_s: float) -> str:
+    return f"--- code cell {number}/{total} ({elapsed_s:.1f} s elapsed): {_first_line(src)}"
+
+
+def _rich_text(output: dict[str, Any]) -> str | None:
+    """What a display or a cell's value shows in a text log: Markdown as written, a table or value as its text;
+    nothing for figures, widgets (tqdm bars) and bare ``<object at 0x...>`` representations."""
+    data = output.get("data", {})
+    if any(key.startswith("image/") or "widget" in key for key in data):
+        return None
+    text = data.get("text/markdown") or data.get("text/plain")
+    if text is None:
+        return None
+    text = "".join(text) if isinstance(text, list) else text
+    if re.fullmatch(r"<[^<>]* at 0x[0-9a-f]+>", text.strip()):
+        return None
+    return text if text.endswith("\n") else text + "\n"
+
+
+class _Stream:
+    """Where papermill's client sends each output as it arrives, and the cell-by-cell progress lines."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self.out, self.err = LineFilter(out), LineFilter(err)
+        self.numbers: dict[int, int] = {}  # cell index in the executed notebook -> number among the source's code cells
+        self.start = time.monotonic()
+
+    def begin(self, cells: list[Any]) -> None:
+        """Number the code cells as the source notebook does (papermill's injected parameters cell is not one)."""
+        code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
+                and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
+        self.numbers = {index: number for number, index in enumerate(code, 1)}
+        self.start = time.monotonic()
+
+    def cell_start(self, cell: dict[str, Any], index: int | None) -> None:
+        if index in self.numbers:
+            self.err.flush()
+            self.out.write(_cell_line(self.numbers[index], len(self.numbers), _source(cell),
+                                      time.monotonic() - self.start) + "\n")
+
+    def output(self, output: dict[str, Any]) -> None:
+        kind = output.get("output_type")
+        if kind == "stream":
+            text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
+            (self.err if output.get("name") == "stderr" else self.out).write(text)
+        elif kind in ("execute_result", "display_data"):
+            text = _rich_text(output)
+            if text:
+                self.out.write(text)
+        elif kind == "error":
+            self.out.flush()
+            self.err.write(_ANSI.sub("", "\n".join(output.get("traceback", []))) + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+        self.err.flush()
+
+    def done(self) -> None:
+        self.out.write(f"--- {len(self.numbers)} code cells in {time.monotonic() - self.start:.1f} s\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------------
+
+def registered_kernels() -> set[str]:
+    """Names of the Jupyter kernels this Python can start (``jupyter kernelspec list``)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return set(KernelSpecManager().find_kernel_specs())
+
+
+def choose_kernel(notebook: Path, kernel_name: str | None = None) -> tuple[str, str | None]:
+    """(kernel to start, one-line note or None). The kernel asked for (``kernel_name``, else the notebook's own,
+    else ``dlo``) when it is registered; else ``THIS_PYTHON_KERNEL``, ipykernel in this very Python, with a
+    note saying so and how to register the real one."""
+    wanted = kernel_name or json.loads(notebook.read_text()).get("metadata", {}).get("kernelspec", {}).get("name") \
+        or KERNEL_NAME
+    if wanted in registered_kernels():
+        return wanted, None
+    import importlib.util
+
+    if importlib.util.find_spec("ipykernel") is None:
+        raise NotebookArgumentError(f"no Jupyter kernel named {wanted!r} and no ipykernel in {sys.executable}: "
+                                    "pip install ipykernel, or run the code cells without Jupyter: --engine plain")
+    return THIS_PYTHON_KERNEL, (f"note: no Jupyter kernel named {wanted!r} is registered here: running {notebook.name} "
+                                f"with this Python ({sys.executable}); to register it: {INSTALL_KERNEL.format(name=wanted)}")
+
+
+def _this_python_kernel_manager() -> type:
+    """A kernel manager class that also knows ``THIS_PYTHON_KERNEL`` (no kernelspec file written anywhere)."""
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class ThisPythonSpecs(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            if kernel_name == THIS_PYTHON_KERNEL:
+                return KernelSpec(argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                                  display_name=f"Python ({sys.executable})", language="python", resource_dir="")
+            return super().get_kernel_spec(kernel_name)
+
+    class ThisPythonKernelManager(AsyncKernelManager):
+        @default("kernel_spec_manager")
+        def _this_python_specs(self) -> KernelSpecManager:
+            return ThisPythonSpecs(data_dir=self.data_dir)
+
+    return ThisPythonKernelManager
+
+
+class _KernelOutput:
+    """The kernel process's own stdout/stderr, through a pipe: its last lines (noise left out) are kept for the
+    error message when the kernel dies. What its cells print reaches the stream through Jupyter's messages;
+    the process's descriptors only echo that, plus the kernel's own log."""
+
+    def __init__(self, keep: int = 30) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        with os.fdopen(self.read_fd, "r", errors="replace") as pipe:
+            for line in pipe:
+                if line.strip() and not NOISE.search(line):
+                    self.lines.append(line.rstrip())
+
+    def close(self) -> None:
+        os.close(self.write_fd)
+        self._thread.join(timeout=5)
+
+
+def _engine(stream: _Stream | None, kernel_io: _KernelOutput, kernel_manager_class: type | None) -> str:
+    """Register (once per call: the arguments differ) and return the name of dlo's papermill engine: papermill's
+    nbclient engine, plus the progress lines and filtered outputs of ``stream`` and the kernel's own output
+    sent to ``kernel_io``."""
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NBClientEngine, papermill_engines
+    from papermill.log import logger
+    from papermill.utils import merge_kwargs, remove_args
+
+    class Client(PapermillNotebookClient):
+        def log_output_message(self, output: Any) -> None:
+            if stream is not None:
+                stream.output(output)
+
+    class Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, log_output: bool = False,
+                                     stdout_file: Any = None, stderr_file: Any = None, start_timeout: int = 60,
+                                     execution_timeout: float | None = None, **kwargs: Any) -> Any:
+            if stream is not None:
+                stream.begin(nb_man.nb.cells)
+                started = nb_man.cell_start
+
+                def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                    stream.cell_start(cell, cell_index)
+                    return started(cell, cell_index, **kw)
+
+                nb_man.cell_start = cell_start
+            kwargs = remove_args(["input_path", "timeout", "startup_timeout"], **kwargs)
+            extra = {"kernel_manager_class": kernel_manager_class} if kernel_manager_class else {}
+            client = Client(nb_man, **merge_kwargs(kwargs, timeout=execution_timeout, startup_timeout=start_timeout,
+                                                   kernel_name=kernel_name, log=logger, log_output=False,
+                                                   stdout_file=stream, **extra))
+            return client.execute(stdout=kernel_io.write_fd, stderr=kernel_io.write_fd)
+
+    papermill_engines.register("dlo", Engine)
+    return "dlo"
+
+
+class _UnknownParameterFilter:
+    """Drops papermill's 'Passed unknown parameter' warning: its parser reads ``name: int = 0`` but not
+    ``name: int | None = None``, and ``_prepare`` has already checked every name and type."""
+
+    def filter(self, record: Any) -> bool:
+        return not str(record.msg).startswith("Passed unknown parameter")
 
 
 def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
                  out_dir: str | Path | None = None, kernel_name: str | None = None,
-                 log_output: bool = True, timeout_s: float | None = None) -> Path:
+                 log_output: bool = True, timeout_s: float | None = None,
+                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> Path:
     """Execute ``notebook`` with papermill into ``runs/<stem>/<stem>.ipynb`` and return that path.
 
     The notebook runs in its own folder (as in JupyterLab), gets ``profile`` (and ``out_dir`` when it
     declares that parameter) injected, and any failing cell raises :class:`NotebookError` naming it.
+    ``log_output``: print a line as each code cell starts and the cells' output as it comes, to ``stdout`` and
+    ``stderr`` (default: this process's). The kernel is ``kernel_name``, else the notebook's (``dlo``); when
+    that one is not registered, ipykernel in this Python, with a one-line note on ``stderr``.
     """
+    import logging
+
     import papermill as pm
 
     notebook, params, out = _prepare(notebook, profile, parameters, out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    pm_log = logging.getLogger("papermill")
+    if not any(isinstance(f, _UnknownParameterFilter) for f in pm_log.filters):
+        pm_log.addFilter(_UnknownParameterFilter())
+    out_stream, err_stream = stdout or sys.stdout, stderr or sys.stderr
+    kernel, note = choose_kernel(notebook, kernel_name)
+    if note:
+        print(note, file=err_stream, flush=True)
     executed = out / notebook.name
+    stream = _Stream(out_stream, err_stream) if log_output else None
+    kernel_io = _KernelOutput()
+    manager = _this_python_kernel_manager() if kernel == THIS_PYTHON_KERNEL else None
     try:
-        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel_name,
-                            cwd=str(notebook.parent), log_output=log_output, progress_bar=False,
-                            execution_timeout=timeout_s)
+        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel,
+                            engine_name=_engine(stream, kernel_io, manager), cwd=str(notebook.parent),
+                            progress_bar=False, execution_timeout=timeout_s)
     except pm.PapermillExecutionError as exc:
         where = _describe_failed_cell(notebook, executed)
         evalue = str(exc.evalue).splitlines()[0] if exc.evalue else ""
         raise NotebookError(f"{notebook.name}: {where} failed with {exc.ename}: {evalue} "
                             f"-- executed copy: {executed}") from None
+    except Exception as exc:  # noqa: BLE001 - the kernel died, did not start or timed out: one line
+        if stream is not None:
+            stream.flush()
+        if kernel_io.lines:  # the kernel process's last words, for a kernel that died
+            print("\n".join(kernel_io.lines), file=err_stream, flush=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NotebookError(f"{notebook.name}: the run stopped with the kernel {kernel!r} "
+                            f"({type(exc).__name__}: {first}) -- executed copy: {executed}") from None
+    finally:
+        kernel_io.close()
+        if stream is not None:
+            stream.flush()
+    if stream is not None:
+        stream.done()
     return executed
 
 
@@ -84,8 +365,6 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     folder, as in Jupyter (relative paths such as a sibling script resolve the same way). Returns the
     final namespace.
     """
-    import os
-    import sys
     import types
 
     import matplotlib
@@ -106,11 +385,12 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     cwd = os.getcwd()
     os.chdir(notebook.parent)
+    start = time.monotonic()
     try:
         for number, cell in enumerate(cells, 1):
             src = _source(cell)
-            first = next((ln for ln in src.splitlines() if ln.strip()), "empty cell")[:60]
-            print(f"--- code cell {number}/{len(cells)}: {first}", flush=True)
+            first = _first_line(src)
+            print(_cell_line(number, len(cells), src, time.monotonic() - start), flush=True)
             try:
                 tree = ast.parse(src)
                 last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
