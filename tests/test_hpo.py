@@ -574,4 +574,4 @@ def test_journal_lock_of_a_dead_writer_is_broken_after_the_grace_period(tmp_path
     from dlo.lessons.hpo.journal import LOCK_GRACE_S, journal_storage
 
     storage = journal_storage(tmp_path / "journal.log")
-    assert storage._backend._lock._grace_period == LOCK_GRACE_S < 30
+    assert storage._backend._lock.grace_period == LOCK_GRACE_S < 30

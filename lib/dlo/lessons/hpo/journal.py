@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -50,13 +51,17 @@ class JournalPathError(ValueError):
     """The journal file cannot be used; the message says why and what to do."""
 
 
-def journal_storage(path: str | os.PathLike):
+LOCK_GRACE_S = 10  # a journal lock older than this is a dead writer's: Optuna's default (30 s) stalls the next worker
+
+
+def journal_storage(path: str | os.PathLike, *, lock_grace_s: int = LOCK_GRACE_S):
     """An Optuna ``JournalStorage`` on the file ``path`` (created if needed; its folder must exist).
 
     Every process that opens the same file works on the same studies. The file is an append-only log of
     operations; a writer takes a lock made by an atomic ``symlink`` (``JournalFileSymlinkLock``), which
     NFS and Lustre support, unlike the ``fcntl`` locks SQLite relies on. Raises :class:`JournalPathError`
-    (one line) when the path is a folder or cannot be written.
+    (one line) when the path is a folder or cannot be written. A writer holds the lock for milliseconds;
+    a lock older than ``lock_grace_s`` seconds is left by a killed process and is broken.
     """
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
@@ -75,8 +80,43 @@ def journal_storage(path: str | os.PathLike):
         probe_writable(path.parent, create=False)  # the lock is a file created next to the journal
     except OSError as exc:
         raise JournalPathError(f"journal file {path} is not writable ({exc.strerror or exc}): {hint}") from None
-    backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path)))
+    backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path), grace_period=lock_grace_s))
     return JournalStorage(backend)
+
+
+def fail_dead_trials(storage, study_name: str) -> list[int]:
+    """Mark FAILED the RUNNING trials of ``study_name`` whose worker process is dead; returns their numbers.
+
+    A worker killed in the middle of a trial (Slurm's time limit, an out-of-memory kill) never reports it: with
+    a journal file there is no heartbeat, so the trial would stay RUNNING forever, and a study that waits for
+    its trials, or counts them, would be wrong. Every trial started by :func:`run_worker` records its host and
+    pid; a trial of this host whose pid no longer exists is failed here (call it when a study is resumed). A
+    trial of another host cannot be checked from here: it is left as it is (resume on that host, or use a
+    storage with heartbeats such as an RDB one).
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid = t.user_attrs.get("pid")
+        if t.user_attrs.get("host") != host or not isinstance(pid, int) or _alive(pid):
+            continue
+        storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        failed.append(t.number)
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_trials: int, *, seed: int,
@@ -98,8 +138,14 @@ def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_tri
         raise ValueError(f"no study {study_name!r} in {journal}: create it first (optuna.create_study(storage=..., "
                          f"study_name={study_name!r}))") from None
 
+    dead = fail_dead_trials(storage, study_name)
+    if dead:
+        print(f"[worker {worker}] trials {dead} of a killed worker marked FAILED", flush=True)
+
     def objective(trial):
         trial.set_user_attr("worker", worker)
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
         value = fn.objective(trial)
         if sleep_s:
             time.sleep(sleep_s)
