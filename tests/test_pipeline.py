@@ -1,13 +1,18 @@
 """dlo.parallel.pipeline: stage split, schedules and their promises, on 2 and 4 real gloo processes.
 
-One launch per world size runs every schedule (naive, AFAB with non-blocking and blocking transfers,
-1F1B, interleaved 1F1B, and torch.distributed.pipelining's GPipe / 1F1B) and records each rank's
+One launch per world size runs every schedule (naive, AFAB, 1F1B and interleaved 1F1B, the last three also
+with blocking transfers, and torch.distributed.pipelining's GPipe / 1F1B) and records each rank's
 gradients and the weights after one SGD step; the single-process reference is computed here from the
-same model and batch (imported from the worker).
+same model and batch (imported from the worker). Blocking transfers make gloo behave like NCCL with
+large messages (a send waits for its receiver): a schedule whose transfers could cross hangs there.
+
+The full profile of tp_pipeline/pipeline_train.py is planned here, without GPUs, for 1 to 8 stages.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -17,21 +22,25 @@ import dlo  # noqa: F401
 from dlo.runtime import launch
 from dlo.models.llama import Llama
 from dlo.models.config import TransformerConfig
-from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_stage, check_world_size, interleaved_actions, micro_batch_size, one_f_one_b_actions, split_layers, split_model, train_step)
+from dlo.parallel.p2p_replay import replay_schedule
+from dlo.parallel.pipeline import (Event, Pipe, bubble_fraction, bubble_theory, build_stage, check_world_size,
+                                   interleaved_actions, micro_batch_size, one_f_one_b_actions, split_layers,
+                                   split_model, train_step)
 
 SCRIPTS = Path(__file__).parent / "scripts"
+WORKSHOP = Path(__file__).resolve().parents[1] / "tp_pipeline"
 distributed = pytest.mark.distributed
 
 
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("_dlo_test_pipeline_cases", SCRIPTS / "pipeline_cases.py")
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-W = _load_worker()
-OURS = ("naive", "afab", "afab_blocking", "1f1b", "interleaved")
+W = _load(SCRIPTS / "pipeline_cases.py", "_dlo_test_pipeline_cases")
+OURS = W.OURS
 TORCH = ("torch_gpipe", "torch_1f1b")
 
 
@@ -135,7 +144,25 @@ def test_single_process_pipe_accumulates_the_full_gradient():
     assert stats.loss == pytest.approx(loss.item(), rel=1e-6)
     for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
-    assert bubble_fraction([stats])["bubble"] < 0.05  # one stage: always busy (apart from bookkeeping)
+    # one stage: every micro-batch's forward, then every backward, logged once each, nothing in flight at the
+    # end; no transfer was ever asked for (counted events, not wall-clock time: a loaded machine cannot fail it)
+    assert [(e.kind, e.mb) for e in stats.events] == [("F", i) for i in range(4)] + [("B", i) for i in range(4)]
+    assert stats.max_in_flight == 4 and pipe.in_flight == 0 and pipe.batches_posted == 0
+    assert all(e.rank == 0 and e.chunk == 0 and e.end >= e.start for e in stats.events)
+
+
+def test_bubble_fraction_counts_idle_time():
+    """The measured bubble on hand-made event logs (no clock involved)."""
+    # two ranks over a 4-second span: rank 0 busy 0-1 and 3-4, rank 1 busy 1-3: idle 2 s and 2 s of 4
+    log = [[Event(0, 0, "F", 0.0, 1.0), Event(0, 0, "B", 3.0, 4.0)],
+           [Event(1, 0, "F", 1.0, 2.0), Event(1, 0, "B", 2.0, 3.0)]]
+    b = bubble_fraction([{"events": [e.__dict__ for e in evs]} for evs in log])
+    assert b["span_s"] == 4.0 and b["busy_s"] == [2.0, 2.0] and b["idle_s"] == [2.0, 2.0] and b["bubble"] == 0.5
+    # one rank always busy: no bubble
+    assert bubble_fraction([{"events": [Event(0, 0, "F", 0.0, 1.0).__dict__, Event(0, 0, "B", 1.0, 3.0).__dict__]}]
+                           )["bubble"] == 0.0
+    with pytest.raises(ValueError, match="no events to measure"):
+        bubble_fraction([{"events": []}])
 
 
 def test_a_micro_batch_without_backward_is_an_error():
@@ -194,3 +221,95 @@ def test_checkers_report_a_wrong_schedule():
 
     with pytest.raises(checks.CheckFailed, match="every micro-batch needs a forward and a backward"):
         checks.check("pipeline", "naive", naive_step=forgets_backward)
+
+    from dlo.parallel.pipeline import _backward, _forward
+
+    def per_action_interleaved(pipe):  # the right computes, but each with its own transfers
+        for kind, mb, c in interleaved_actions(pipe.rank, pipe.world_size, pipe.micro_batches, len(pipe.chunks)):
+            (_forward if kind == "F" else _backward)(pipe, mb, c)
+
+    with pytest.raises(checks.CheckFailed, match=r"(?s)would wait for each other forever.*deadlock.*step by step"):
+        checks.check("pipeline", "interleaved", interleaved_step=per_action_interleaved)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The workshop script: its schedules on NCCL, its full profile planned for 1 to 8 GPUs
+# ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def workshop():
+    return _load(WORKSHOP / "pipeline_train.py", "_dlo_test_pipeline_train")
+
+
+def test_workshop_solutions_cannot_deadlock_on_nccl(workshop):
+    for name, fn in (("naive", workshop.naive_step), ("afab", workshop.afab_step), ("1f1b", workshop.one_f_one_b_step),
+                     ("interleaved", workshop.interleaved_step)):
+        for p in (2, 3, 4, 8):
+            configs = [(1, 1)] if name == "naive" else [(p, v) for v in (1, 2, 3)] if name == "interleaved" else \
+                [(m, 1) for m in (1, p - 1, p + 1, 2 * p)]
+            for m, v in configs:
+                result = replay_schedule(fn, p, m, v)
+                assert result.ok, f"{name}, p={p}, m={m}, v={v}:\n{result.explain()}"
+
+
+def _full_profile() -> dict:
+    """The notebook's full-profile settings, read from its PROFILES cell (all but nprocs, the GPU count)."""
+    nb = json.loads((WORKSHOP / "pipeline.ipynb").read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "PROFILES = {" in src:
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Dict) and any(getattr(k, "value", None) == "full" for k in node.keys):
+                    call = node.values[[k.value for k in node.keys].index("full")]
+                    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg != "nprocs"}
+    raise AssertionError("no PROFILES cell with a 'full' profile in pipeline.ipynb")
+
+
+def _full_args(workshop, schedules=None):
+    S = _full_profile()
+    argv = ["--layers", S["layers"], "--hidden", S["hidden"], "--heads", S["heads"], "--vocab", S["vocab"],
+            "--seq", S["seq"], "--batch", S["batch"], "--steps", S["steps"], "--warmup-steps", S["warmup_steps"],
+            "--schedules", *(schedules or [*workshop.OURS, *workshop.LIBRARIES]),
+            "--micro-batches", *S["micro_batches"]]
+    return workshop.parse_args([str(a) for a in argv]), S
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_full_profile_is_planned_before_launch(workshop, world):
+    """Every full-profile configuration is either runnable or skipped with its reason, for 1 to 8 GPUs; on
+    8 GPUs m=4 cannot run interleaved 1F1B (groups of p micro-batches) nor torch's Schedule1F1B (m >= p)."""
+    args, S = _full_args(workshop)
+    runs, skipped = workshop.plan(args, world)
+    wanted = [(s, m) for s in args.schedules for m in ([1] if s == "naive" else S["micro_batches"])]
+    assert sorted(runs + [(r["schedule"], r["micro_batches"]) for r in skipped]) == sorted(wanted)
+    for r in skipped:
+        assert r["kind"] == "pipeline" and r["stages"] == world and "\n" not in r["skipped"] and r["skipped"]
+    skipped_keys = {(r["schedule"], r["micro_batches"]) for r in skipped}
+    if world == 1:
+        assert skipped_keys == {(s, m) for s in workshop.LIBRARIES for m in S["micro_batches"]}
+    elif world == 8:
+        assert skipped_keys == {("interleaved", 4), ("torch_1f1b", 4)}
+        reasons = {(r["schedule"], r["micro_batches"]): r["skipped"] for r in skipped}
+        assert "use a multiple of 8, not 4" in reasons[("interleaved", 4)]
+        assert "at least as many micro-batches as stages" in reasons[("torch_1f1b", 4)]
+    else:
+        assert skipped_keys == set()
+    # what is planned really passes the checks a run makes
+    for schedule, m in runs:
+        micro_batch_size(args.batch, m)
+        if schedule == "interleaved":
+            interleaved_actions(world - 1, world, m, args.virtual)
+            split_layers(args.layers, world * args.virtual)
+
+
+def test_plan_reports_each_bad_setting(workshop):
+    args = workshop.parse_args(["--layers", "4", "--batch", "12", "--micro-batches", "2", "4", "5", "8",
+                                "--schedules", "naive", "afab", "interleaved", "torch_1f1b"])
+    runs, skipped = workshop.plan(args, 4)
+    assert runs == [("naive", 1), ("afab", 2), ("afab", 4), ("torch_1f1b", 4)]
+    reasons = {(r["schedule"], r["micro_batches"]): r["skipped"] for r in skipped}
+    assert len(reasons) == 9
+    assert reasons[("afab", 5)].startswith("batch 12 cannot be cut into 5 equal micro-batches")
+    assert reasons[("interleaved", 4)].startswith("8 stages for 4 layers")  # 4 ranks x 2 chunks
+    assert reasons[("torch_1f1b", 2)].endswith("at least as many micro-batches as stages: 2 < 4")
+    assert reasons[("torch_1f1b", 8)].startswith("batch 12 cannot be cut into 8")
+    assert workshop.plan(args, 1)[1][-1]["skipped"] == "torch_1f1b needs at least 2 stages: launch with nproc >= 2"

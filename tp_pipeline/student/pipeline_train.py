@@ -15,7 +15,9 @@ that is what you write here, with the building blocks of ``dlo.parallel.pipeline
     pipe.send_backward(mb, dx)          # dL/dx to the previous stage (no-op on stage 0)
 
 (each takes an optional ``chunk=`` for the interleaved bonus). ``pipe.rank``, ``pipe.world_size`` (the
-number of stages) and ``pipe.micro_batches`` are all a schedule needs to know.
+number of stages) and ``pipe.micro_batches`` are all a schedule needs to know. A send or a receive only
+*asks* for a transfer: the Pipe posts everything asked for since the previous compute together, just
+before the next compute (NCCL needs that to avoid deadlocks, see the notebook).
 
 Run it:
     python pipeline_train.py                               # one process = one stage (no pipeline)
@@ -38,7 +40,8 @@ import dlo  # noqa: F401
 from dlo.runtime import init_distributed, teardown, write_record
 from dlo.models.llama import Llama, lm_loss, token_batch
 from dlo.models.config import TransformerConfig
-from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_chunks, build_stage, check_world_size, gather_stats, split_model)
+from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_chunks, build_stage, check_world_size,
+                                   gather_stats, interleaved_actions, micro_batch_size, split_layers, split_model)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -71,7 +74,8 @@ def one_f_one_b_step(pipe) -> None:
     """Warm-up: ``min(world_size - rank - 1, m)`` forwards (micro-batches 0, 1, ...). Steady state: for each
     remaining micro-batch, its forward then the backward of the oldest micro-batch still waiting. Cool-down:
     the backwards left. A stage then holds at most ``world_size - rank`` micro-batches of activations,
-    instead of all m with AFAB, for the same bubble."""
+    instead of all m with AFAB, for the same bubble. Write each forward and each backward as
+    receive-compute-send: the Pipe posts a forward's send together with the next backward's receive."""
     # TODO: warmup = min(pipe.world_size - pipe.rank - 1, m); warm-up forwards; for i in range(m - warmup): forward(warmup + i), backward(i); then backwards of the last warmup micro-batches
     raise NotImplementedError('warmup = min(pipe.world_size - pipe.rank - 1, m); warm-up forwards; for i in range(m - warmup): forward(warmup + i), backward(i); then backwards of the last warmup micro-batches')
 
@@ -84,9 +88,15 @@ def interleaved_step(pipe) -> None:
     Number this rank's m*v forwards k = 0, 1, ...: group ``k // (p*v)``, within it ``w = k % (p*v)``:
     micro-batch ``group*p + w % p`` on chunk ``w // p``. Backward number k is the same micro-batch on chunk
     ``v-1 - w // p``. Warm-up: all m*v forwards if m == p, else ``min(m*v, 2*(p - rank - 1) + (v-1)*p)``;
-    then one forward / one backward; then the remaining backwards. Pass ``chunk=`` to every Pipe call."""
-    # TODO: compute (mb, chunk) of the k-th forward / backward, the warm-up count, then warm-up, steady 1F1B, cool-down, with chunk= on every call
-    raise NotImplementedError('compute (mb, chunk) of the k-th forward / backward, the warm-up count, then warm-up, steady 1F1B, cool-down, with chunk= on every call')
+    then one forward / one backward; then the remaining backwards. Pass ``chunk=`` to every Pipe call.
+
+    Go **step by step**: a warm-up step is one forward, a steady step one forward *and* one backward, a
+    cool-down step one backward. In a step, first ask for every input (``recv_forward`` / ``recv_backward``),
+    then run the computes, then send the outputs: the Pipe posts a step's receives together with the
+    previous step's sends. (Receive-compute-send for each action alone deadlocks on NCCL here: the ranks
+    form a ring, the last one feeding rank 0's next chunk.)"""
+    # TODO: a helper step(actions): inputs = [recv_* of each action], outputs = [*_compute of each], then send_* of each; warm-up steps [("F", k)], steady steps [("F", warmup + i), ("B", i)], cool-down steps [("B", k)], where ("F", k) is the k-th forward
+    raise NotImplementedError('a helper step(actions): inputs = [recv_* of each action], outputs = [*_compute of each], then send_* of each; warm-up steps [("F", k)], steady steps [("F", warmup + i), ("B", i)], cool-down steps [("B", k)], where ("F", k) is the k-th forward')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,6 +124,43 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def why_invalid(args, world_size: int, schedule: str, m: int) -> str | None:
+    """Why ``schedule`` with ``m`` micro-batches cannot run on ``world_size`` stages (None: it can), found
+    with the same checks that would stop the run."""
+    v = args.virtual if schedule == "interleaved" else 1
+    if schedule in LIBRARIES and world_size == 1:
+        return f"{schedule} needs at least 2 stages: launch with nproc >= 2"
+    if v < 1:
+        return f"virtual stages per rank must be >= 1, got {v}"
+    try:
+        micro_batch_size(args.batch, m)
+        split_layers(args.layers, world_size * v)
+        if schedule == "interleaved":
+            interleaved_actions(0, world_size, m, v)
+    except ValueError as exc:
+        return str(exc)
+    if schedule == "torch_1f1b" and m < world_size:
+        return (f"torch.distributed.pipelining's Schedule1F1B needs at least as many micro-batches as stages: "
+                f"{m} < {world_size}")
+    return None
+
+
+def plan(args, world_size: int) -> tuple[list[tuple[str, int]], list[dict]]:
+    """Every (schedule, micro-batches) configuration of this launch, checked before anything runs: the valid
+    ones in order, and one record per invalid one with the reason it is skipped (instead of stopping the
+    whole launch halfway)."""
+    runs, skipped = [], []
+    for schedule in args.schedules:
+        for m in ([1] if schedule == "naive" else args.micro_batches):
+            reason = why_invalid(args, world_size, schedule, m)
+            if reason is None:
+                runs.append((schedule, m))
+            else:
+                skipped.append({"kind": "pipeline", "schedule": schedule, "micro_batches": m, "stages": world_size,
+                                "skipped": reason})
+    return runs, skipped
 
 
 def _device(ctx) -> torch.device:
@@ -256,19 +303,21 @@ def main(argv=None) -> None:
     say = print if ctx.is_main else (lambda *a, **k: None)
     say(f"{ctx.world_size} stage(s), one per process, on {device.type}; model: {args.layers} layers, hidden "
         f"{args.hidden}, vocab {args.vocab}; batch {args.batch} x {args.seq} tokens")
+    runs, skipped = plan(args, ctx.world_size)
+    for rec in skipped:  # one line each, kept in the results
+        say(f"{rec['schedule']:12s} m={rec['micro_batches']:<3d} skipped: {rec['skipped']}")
+        if ctx.is_main:
+            write_record(rec)
     try:
-        for schedule in args.schedules:
-            for m in ([1] if schedule == "naive" else args.micro_batches):
-                if schedule in LIBRARIES and ctx.world_size == 1:
-                    raise ValueError(f"{schedule} needs at least 2 stages: launch with nproc >= 2")
-                runner = run_deepspeed if schedule == "deepspeed" else run_torch if schedule in TORCH else run_ours
-                record = runner(args, ctx, device, schedule, m)
-                if ctx.is_main:
-                    write_record({"kind": "pipeline", **record})
-                    bub = "" if record["bubble"] is None else f", bubble {record['bubble']:.2f} " \
-                                                              f"(theory {record['bubble_theory']:.2f})"
-                    say(f"{schedule:12s} m={m:<3d} step {record['step_s'] * 1e3:8.1f} ms{bub}, "
-                        f"loss {record['loss']:.4f}")
+        for schedule, m in runs:
+            runner = run_deepspeed if schedule == "deepspeed" else run_torch if schedule in TORCH else run_ours
+            record = runner(args, ctx, device, schedule, m)
+            if ctx.is_main:
+                write_record({"kind": "pipeline", **record})
+                bub = "" if record["bubble"] is None else f", bubble {record['bubble']:.2f} " \
+                                                          f"(theory {record['bubble_theory']:.2f})"
+                say(f"{schedule:12s} m={m:<3d} step {record['step_s'] * 1e3:8.1f} ms{bub}, "
+                    f"loss {record['loss']:.4f}")
     finally:
         teardown()
 

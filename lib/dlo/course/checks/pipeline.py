@@ -1,12 +1,15 @@
 """Checkers of tp_pipeline/pipeline_train.py (``dlo check pipeline <step>``): the schedules you write.
 
 A schedule is an order of calls on a :class:`dlo.parallel.pipeline.Pipe`. Each checker runs your function
-twice, in this process:
+three times, in this process:
 
 1. on a *recording* pipe for every rank of a 2- and a 4-stage pipeline: the calls must pass the right
    tensors along (the input of micro-batch ``i`` into its forward, its output into the send, ...) and
-   come in the expected order (the one that cannot deadlock, with the activations the schedule promises);
-2. on a real one-stage :class:`Pipe` (the whole model): the gradients must equal the model's own
+   come in the expected order (with the activations the schedule promises);
+2. on a :class:`dlo.parallel.p2p_replay.DryRunPipe` for every rank: the transfers it posts are replayed
+   under NCCL's rules and must not deadlock (on GPUs the order of the receives and sends matters, not
+   only the order of the computes);
+3. on a real one-stage :class:`Pipe` (the whole model): the gradients must equal the model's own
    ``loss.backward()`` on the whole batch, i.e. every micro-batch ran forward and backward once.
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.models.llama import Llama, token_batch
 from dlo.models.config import TransformerConfig
+from dlo.parallel.p2p_replay import replay_schedule
 from dlo.parallel.pipeline import Pipe, build_chunks, build_stage
 from dlo.parallel.pipeline import one_f_one_b_actions
 from dlo.parallel.pipeline import interleaved_actions
@@ -73,13 +77,14 @@ class RecordingPipe:
         self._expect_token(y, "output", *self._key(mb, chunk), where=f"send_forward({mb}, y)")
 
     def recv_backward(self, mb: int, chunk: int = 0):
-        key = self._key(mb, chunk)
-        if ("F", *key) not in self.actions:
-            raise CheckFailed(f"rank {self.rank}: recv_backward({mb}) before the forward of micro-batch {mb}")
-        return _Token("output gradient", *key)
+        # may be asked for before the forward's compute in the same step (on the last stage there is nothing
+        # to receive); a receive that can never arrive shows up in the replay under NCCL's rules
+        return _Token("output gradient", *self._key(mb, chunk))
 
     def backward_compute(self, mb: int, g: Any, chunk: int = 0):
         key = self._key(mb, chunk)
+        if ("F", *key) not in self.actions:
+            raise CheckFailed(f"rank {self.rank}: backward_compute({mb}) before the forward of micro-batch {mb}")
         self._expect_token(g, "output gradient", *key, where=f"backward_compute({mb}, g)")
         if ("B", *key) in self.actions:
             raise CheckFailed(f"rank {self.rank}: the backward of micro-batch {mb} ran twice")
@@ -103,6 +108,14 @@ def _orders(fn: Callable, world: int, m: int, chunks: int = 1) -> list[Recording
                              "backward on every stage (else its gradient is missing)" if missing else "")
         pipes.append(pipe)
     return pipes
+
+
+def _no_deadlock(fn: Callable, world: int, m: int, chunks: int = 1, hint: str = "") -> None:
+    """The transfers ``fn`` posts on every rank, replayed under NCCL's rules, all complete."""
+    replay = replay_schedule(fn, world, m, chunks)
+    expect(replay.ok, f"{world} stages, m={m}{f', v={chunks}' if chunks > 1 else ''}: the computes come in the "
+                       f"right order but on GPUs (NCCL) the transfers would wait for each other forever:\n"
+                       f"{replay.explain()}" + (f"\n{hint}" if hint else ""))
 
 
 def _real_step(fn: Callable, m: int, chunks: int = 1) -> None:
@@ -137,6 +150,7 @@ def _check_naive(naive_step: Callable) -> str:
         for pipe in _orders(naive_step, world, 1):
             expect(_actions(pipe) == [("F", 0), ("B", 0)],
                     f"rank {pipe.rank}: expected forward then backward of the one batch, got {_actions(pipe)}")
+        _no_deadlock(naive_step, world, 1)
     _real_step(naive_step, 1)
     return "forward, send, then backward, send back: one batch through all stages"
 
@@ -149,6 +163,7 @@ def _check_afab(afab_step: Callable) -> str:
             expect(_actions(pipe) == want, f"rank {pipe.rank} of {world}, m={m}: expected all forwards 0..{m - 1}, then "
                                             f"all backwards 0..{m - 1}; got {_actions(pipe)}")
             expect(pipe.max_in_flight == m, "AFAB keeps all m micro-batches alive before the first backward")
+        _no_deadlock(afab_step, world, m)
     _real_step(afab_step, 4)
     return "all forwards, then all backwards; gradients accumulated over the micro-batches"
 
@@ -167,6 +182,8 @@ def _check_1f1b(one_f_one_b_step: Callable) -> str:
                                   f"= {min(world - pipe.rank - 1, m)} forwards)")
             expect(pipe.max_in_flight <= min(world - pipe.rank, m),
                     f"rank {pipe.rank}: {pipe.max_in_flight} micro-batches alive at once, 1F1B allows world_size - rank")
+        _no_deadlock(one_f_one_b_step, world, m, hint="write each forward and each backward as receive, compute, "
+                                                        "send: the Pipe then posts a send with the next receive")
     _real_step(one_f_one_b_step, 4)
     return "warm-up, one forward / one backward, cool-down: at most world_size - rank micro-batches alive"
 
@@ -179,5 +196,9 @@ def _check_interleaved(interleaved_step: Callable) -> str:
             want = interleaved_actions(pipe.rank, world, m, v)
             expect(pipe.actions == want, f"rank {pipe.rank} of {world}, m={m}, v={v}: expected the order "
                                           f"{want[:6]}..., got {pipe.actions[:6]}...")
+        _no_deadlock(interleaved_step, world, m, v, hint="go step by step: in a steady step ask for both inputs "
+                                                          "(recv_forward and recv_backward) before the two computes, "
+                                                          "and send both outputs after them")
     _real_step(interleaved_step, 2, chunks=2)
-    return "interleaved 1F1B: each micro-batch visits every rank v times, smaller bubble"
+    return ("interleaved 1F1B: each micro-batch visits every rank v times, smaller bubble; a step's transfers go "
+            "out together")
