@@ -575,3 +575,36 @@ def test_journal_lock_of_a_dead_writer_is_broken_after_the_grace_period(tmp_path
 
     storage = journal_storage(tmp_path / "journal.log")
     assert storage._backend._lock.grace_period == LOCK_GRACE_S < 30
+
+
+def test_ray_folder_and_token_are_private_from_the_start(tmp_path, monkeypatch):
+    """Ray's session folder is 0700 and its token 0600 as created (never a moment world-readable); a token others
+    could read is replaced; a folder of another user is refused in one line."""
+    import stat as st
+
+    from dlo.lessons.hpo.ray import private_dir, private_token
+
+    created = []
+    real_open = os.open
+
+    def spy_open(path, flags, mode=0o777, *a, **k):
+        created.append((str(path), mode))
+        return real_open(path, flags, mode, *a, **k)
+
+    folder = private_dir(tmp_path / "ray")
+    assert st.S_IMODE(folder.stat().st_mode) == 0o700
+    monkeypatch.setattr(os, "open", spy_open)
+    token = private_token(folder / "auth_token")
+    monkeypatch.undo()
+    assert created == [(str(folder / "auth_token"), 0o600)]  # created with the final mode, not chmod'ed after
+    assert st.S_IMODE(token.stat().st_mode) == 0o600
+    first = token.read_text()
+    assert private_token(token).read_text() == first  # a private token is kept
+    token.chmod(0o644)
+    assert private_token(token).read_text() != first and st.S_IMODE(token.stat().st_mode) == 0o600
+    (tmp_path / "wide").mkdir(mode=0o777)
+    (tmp_path / "wide").chmod(0o777)
+    assert st.S_IMODE(private_dir(tmp_path / "wide").stat().st_mode) == 0o700
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as if another user had made it
+    with pytest.raises(PermissionError, match="belongs to another user"):
+        private_dir(tmp_path / "ray")

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from .toys import rosenbrock, himmelblau, ToyFunction, TOY_FUNCTIONS, toy_function, best_so_far
 from .space import (
-    SearchSpaceError, validate_space, parse_space_json, suggest, to_optuna, to_ray, DuplicateParameterError,
-    StrictTrial,
+    SearchSpaceError, validate_space, parse_space_json, suggest, grid, to_optuna, to_ray, clip_to_space,
+    DuplicateParameterError, StrictTrial,
 )
-from .journal import JournalPathError, journal_storage, run_worker, launch_workers, study_summary, main
+from .journal import (
+    JournalPathError, LOCK_GRACE_S, journal_storage, fail_dead_trials, run_worker, launch_workers, study_summary,
+    main,
+)
 from .trainer import load_cifar_tensors, HPARAMS, Trainer
-from .ray import ray_temp_dir, ray_start, tune_progress, pbt_exploits, ray_summary
+from .ray import (
+    ray_temp_dir, private_dir, private_token, ray_start, tune_progress, pbt_mutations, KeepInSpace, pbt_scheduler,
+    pbt_exploits, ray_summary,
+)
 
 __all__ = [
     "rosenbrock",
@@ -23,12 +29,16 @@ __all__ = [
     "validate_space",
     "parse_space_json",
     "suggest",
+    "grid",
     "to_optuna",
     "to_ray",
+    "clip_to_space",
     "DuplicateParameterError",
     "StrictTrial",
     "JournalPathError",
+    "LOCK_GRACE_S",
     "journal_storage",
+    "fail_dead_trials",
     "run_worker",
     "launch_workers",
     "study_summary",
@@ -37,8 +47,13 @@ __all__ = [
     "HPARAMS",
     "Trainer",
     "ray_temp_dir",
+    "private_dir",
+    "private_token",
     "ray_start",
     "tune_progress",
+    "pbt_mutations",
+    "KeepInSpace",
+    "pbt_scheduler",
     "pbt_exploits",
     "ray_summary",
 ]

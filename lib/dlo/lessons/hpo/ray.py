@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -34,6 +35,41 @@ def ray_temp_dir(preferred: str | os.PathLike | None = None) -> Path:
         return base.resolve()
     uid = os.getuid() if hasattr(os, "getuid") else "user"
     return Path(tempfile.gettempdir()) / f"dlo-ray-{uid}"
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a folder only its owner can enter (mode 0700), created so from the start. An existing folder
+    owned by another user is refused in one line (in a shared ``/tmp`` someone may have made it first, to read
+    our token or plant files); ours with wider permissions is narrowed."""
+    path = Path(path)
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"{path} is not a folder (a link or a file): remove it or pass another temp_dir")
+    if st.st_uid != os.getuid():
+        raise PermissionError(f"{path} belongs to another user (uid {st.st_uid}): refusing to keep Ray's session and "
+                              f"token there; remove it or pass temp_dir= a folder of your own")
+    if st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_token(path: str | os.PathLike) -> Path:
+    """A random token in ``path``, readable by its owner only (mode 0600 from its creation: never a moment
+    world-readable). An existing token that others could read, or that is not ours, is replaced."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        st = path.lstat()
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return path
+        path.unlink()  # readable by others (or not ours): it may have been read; make a new one
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(uuid.uuid4().hex)
+    return path
 
 
 def _stop_ray_children() -> None:
@@ -92,14 +128,10 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     else:
         if not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive integer, got {num_cpus!r}")
-        tmp = ray_temp_dir(temp_dir)
-        tmp.mkdir(parents=True, exist_ok=True)
+        tmp = private_dir(ray_temp_dir(temp_dir))
         if not ({"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ)):
-            token = tmp / "auth_token"  # Ray would otherwise write one to ~/.ray/auth_token
-            if not token.is_file():
-                token.write_text(uuid.uuid4().hex)
-                token.chmod(0o600)
-            os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+            # Ray would otherwise write one to ~/.ray/auth_token
+            os.environ["RAY_AUTH_TOKEN_PATH"] = str(private_token(tmp / "auth_token"))
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled": it is, on purpose
