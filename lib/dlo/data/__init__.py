@@ -3,10 +3,14 @@ transforms and DataLoaders with every knob, token streams for the LLM workshops,
 """
 from __future__ import annotations
 
-from .format import CLASSES, CIFAR10_MEAN, CIFAR10_STD, BASE_FOLDER, MARKER_NAME
+from .format import (
+    CLASSES, CIFAR10_MEAN, CIFAR10_STD, BASE_FOLDER, MARKER_NAME, UnsafePickleError, load_batch, CIFAR10Files,
+)
 from .cifar import SEARCH_LAYOUTS, find_cifar10, cifar10
 from .generated import read_generated_marker, make_generated_cifar10, generated_cache_root, GeneratedCIFAR10
-from .loaders import train_transform, test_transform, available_cores, make_loader, preload_batches, synthetic_batch
+from .loaders import (
+    train_transform, test_transform, available_cores, make_loader, preload_batches, synthetic_batch, Batches,
+)
 
 __all__ = [
     "CLASSES",
@@ -14,6 +18,9 @@ __all__ = [
     "CIFAR10_STD",
     "BASE_FOLDER",
     "MARKER_NAME",
+    "UnsafePickleError",
+    "load_batch",
+    "CIFAR10Files",
     "SEARCH_LAYOUTS",
     "find_cifar10",
     "cifar10",
@@ -27,4 +34,5 @@ __all__ = [
     "make_loader",
     "preload_batches",
     "synthetic_batch",
+    "Batches",
 ]

@@ -3,18 +3,25 @@ callbacks, evaluation, optimizers and schedules, atomic checkpoints with exact r
 """
 from __future__ import annotations
 
-from .config import TrainConfig
+from .config import TrainConfig, field_docs
 from .step import (
     AMP_DTYPES, amp_dtype, autocast_context, make_grad_scaler, make_train_step, check_device_options,
     prepare_model, soft_target_criterion,
 )
 from .evaluate import TTA_VIEWS, tta_probabilities, evaluate
-from .callbacks import check_schedule, resolution_at, batch_size_at, resize_batch, make_ema, EarlyStopping
-from .checkpoint import rng_state, set_rng_state, unwrap_model, save_checkpoint, load_checkpoint, StopSignal
+from .callbacks import (
+    check_schedule, resolution_at, batch_size_at, resize_batch, make_ema, EarlyStopping, Callback, LoopState,
+    StopAtTarget, TrainMetric, FreezeNormStats,
+)
+from .checkpoint import (
+    rng_state, set_rng_state, unwrap_model, save_checkpoint, read_checkpoint, check_model_shape, load_checkpoint,
+    StopSignal,
+)
 from .loop import TrainResult, epoch_generator, train
 
 __all__ = [
     "TrainConfig",
+    "field_docs",
     "AMP_DTYPES",
     "amp_dtype",
     "autocast_context",
@@ -32,10 +39,17 @@ __all__ = [
     "resize_batch",
     "make_ema",
     "EarlyStopping",
+    "Callback",
+    "LoopState",
+    "StopAtTarget",
+    "TrainMetric",
+    "FreezeNormStats",
     "rng_state",
     "set_rng_state",
     "unwrap_model",
     "save_checkpoint",
+    "read_checkpoint",
+    "check_model_shape",
     "load_checkpoint",
     "StopSignal",
     "TrainResult",
