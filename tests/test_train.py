@@ -728,6 +728,168 @@ def test_cli_resume_with_missing_checkpoint(tmp_path, capsys):
     assert line.startswith("error: ") and "missing.pt" in line
 
 
+@pytest.fixture()
+def nothing_runs(monkeypatch):
+    """Replaces loading the data and training: a test of a refused command line sees whether either started."""
+    started: list[str] = []
+    monkeypatch.setattr(training_cli, "train", lambda *a, **k: started.append("train"))
+    monkeypatch.setattr(data, "cifar10", lambda *a, **k: started.append("data"))
+    return started
+
+
+CLI_TINY = ["--generated", "--n-train", "16", "--width", "4", "--batch-size", "8", "--steps", "2", "--no-progress"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--log-every", "0"], ["--log-every", "0"]),
+    (["--ckpt-every", "0", "--ckpt", "CK"], ["--ckpt-every", "0"]),
+    (["--ckpt-every", "-5", "--ckpt", "CK"], ["--ckpt-every", "-5"]),
+    (["--ckpt-every", "5"], ["--ckpt-every", "--ckpt"]),
+    (["--workers", "-1"], ["--workers"]),
+])
+def test_cli_bad_numbers_are_refused_before_anything_runs(args, words, tmp_path, nothing_runs, capsys):
+    args = [str(tmp_path / "ck.pt") if a == "CK" else a for a in args]
+    assert training_cli.main([*CLI_TINY, *args]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: ") and all(w in line for w in words), line
+    assert nothing_runs == []
+
+
+@pytest.mark.parametrize("flag", ["--ckpt", "--out", "--save-weights"])
+@pytest.mark.parametrize("where", ["a folder", "under a file", "under /proc"])
+def test_cli_unwritable_outputs_are_refused_before_anything_runs(flag, where, tmp_path, nothing_runs, capsys):
+    (tmp_path / "a-file").write_text("x")
+    path = {"a folder": tmp_path, "under a file": tmp_path / "a-file" / "sub" / "f.pt",
+            "under /proc": Path("/proc/dlo-no-such-folder/f.pt")}[where]  # /proc: unwritable even for root
+    assert training_cli.main([*CLI_TINY, flag, str(path)]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: ") and flag in line and str(path) in line, line
+    assert nothing_runs == []
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def _as_unprivileged(fn):
+    """``fn()`` as the user 'nobody' when this process is root (for root, a read-only folder is writable);
+    else ``fn()`` here. Runs in a forked child when root; returns what ``fn`` returns (JSON-able)."""
+    if os.geteuid() != 0:
+        return fn()
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges for good, run, report, exit without running pytest's cleanups
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(fn()))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as inp:
+        text = inp.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return json.loads(text)
+
+
+def test_cli_read_only_folder_is_refused_before_anything_runs(nothing_runs):
+    """A folder the user cannot write: refused up front in one line (as 'nobody' when the tests run as root)."""
+    import io
+    import shutil
+    import tempfile
+    from contextlib import redirect_stderr
+
+    base = Path(tempfile.mkdtemp(prefix="dlo-ro-"))  # outside pytest's root-only tmp folder, so nobody can enter
+    try:
+        base.chmod(0o755)
+        (base / "ro").mkdir(mode=0o555)
+        (base / "ro").chmod(0o555)
+        (base / "rw").mkdir()
+        (base / "rw").chmod(0o777)
+
+        def run(folder):
+            def fn():
+                err = io.StringIO()
+                with redirect_stderr(err):
+                    rc = training_cli.main([*CLI_TINY, "--out", str(base / folder / "out.json"), "--resume",
+                                            "--ckpt", str(base / "rw" / "missing.pt")])
+                return [rc, err.getvalue()]
+            return _as_unprivileged(fn)
+
+        rc, err = run("ro")
+        line = one_line(err)
+        assert rc == 2 and "--out" in line and "cannot write" in line and str(base / "ro") in line, line
+        rc, err = run("rw")  # the control: the same user may write a writable folder (it then fails on --resume)
+        line = one_line(err)
+        assert rc == 2 and "missing.pt" in line and "cannot write" not in line, line
+        assert nothing_runs == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("content", ["empty", "random bytes", "truncated"])
+def test_cli_resume_of_a_damaged_checkpoint_is_one_line(content, tmp_path, nothing_runs, capsys):
+    ck = tmp_path / "ck.pt"
+    if content == "truncated":
+        good = tr.save_checkpoint(ck, model=resnet18_cifar(width=4)).read_bytes()
+        ck.write_bytes(good[: len(good) * 2 // 3])
+    else:
+        ck.write_bytes(b"" if content == "empty" else np.random.default_rng(0).bytes(5000))
+    assert training_cli.main([*CLI_TINY, "--ckpt", str(ck), "--resume"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: ") and str(ck) in line, line
+    assert nothing_runs == []
+
+
+def test_cli_resume_with_other_options_is_refused_naming_them(tmp_path, capsys):
+    ck = tmp_path / "ck.pt"
+    assert training_cli.main([*CLI_TINY, "--ckpt", str(ck)]) == 0
+    capsys.readouterr()
+    calls: list[int] = []
+    real_train = training_cli.train
+
+    def counting_train(*a, **k):
+        calls.append(1)
+        return real_train(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(training_cli, "train", counting_train)
+        assert training_cli.main([*CLI_TINY, "--ckpt", str(ck), "--resume", "--width", "8"]) == 2
+        line = one_line(capsys.readouterr().err)
+        assert "another model shape" in line and "--width" in line, line
+        assert training_cli.main([*CLI_TINY, "--ckpt", str(ck), "--resume", "--batch-size", "4", "--seed", "1",
+                                  "--lr", "0.1"]) == 2
+        line = one_line(capsys.readouterr().err)
+        for part in ("--batch-size 8 then, 4 now", "--seed 0 then, 1 now", "--lr 0.05 then, 0.1 now"):
+            assert part in line, line
+        assert calls == []
+        assert training_cli.main([*CLI_TINY, "--ckpt", str(ck), "--resume"]) == 0  # the same options: resumed
+        assert calls == [1]
+
+
+def test_cli_sigterm_without_ckpt_says_nothing_was_saved(monkeypatch, capsys):
+    real_train = training_cli.train
+
+    def train_then_sigterm(*a, on_step=None, **k):
+        def step_hook(step, loss):
+            on_step(step, loss)
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_train(*a, on_step=step_hook, **k)
+
+    monkeypatch.setattr(training_cli, "train", train_then_sigterm)
+    assert training_cli.main([*CLI_TINY, "--steps", "6", "--log-every", "1"]) == 0
+    out = capsys.readouterr().out
+    stop = next(line for line in out.splitlines() if line.startswith("stopped by SIGTERM"))
+    assert "nothing was saved" in stop and "--resume" not in stop, stop
+
+
 def test_cli_error_subprocess_exit_code(tmp_path):
     proc = subprocess.run(_cli("--data-dir", "/does/not/exist", "--no-progress"), env=_cli_env(tmp_path / "cache"),
                           capture_output=True, text=True, timeout=120)

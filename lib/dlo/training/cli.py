@@ -8,11 +8,14 @@ from pathlib import Path
 
 import torch
 from dlo.training.config import TrainConfig
-from dlo.training.checkpoint import unwrap_model
+from dlo.training.callbacks import Callback
+from dlo.training.checkpoint import check_model_shape, read_checkpoint, unwrap_model
 from dlo.training.loop import train
 from dlo import data
 from dlo.measure.bench import environment_info, save_json
+from dlo.runtime.atomic import atomic_write
 from dlo.runtime.device import pick_device
+from dlo.runtime.paths import probe_writable
 from dlo.models.resnets import resnet18_cifar
 from dlo.data.augment import MixCutMix
 
@@ -79,13 +82,112 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _main(args: argparse.Namespace) -> int:
+# --------------------------------------------------------------------------------------------------
+# Checks made before any work: options, output paths, the checkpoint to resume
+# --------------------------------------------------------------------------------------------------
 
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    device = pick_device(args.device)
+# The options that change what a run computes (its data, model, batches, random numbers, schedule, loss):
+# a resume with other values would not continue the same run, so the checkpoint keeps them and they are compared.
+TRAJECTORY_OPTIONS = ("data_dir", "generated", "n_train", "width", "batch_size", "workers", "epochs", "steps", "lr",
+                      "amp", "seed", "resize_schedule", "batch_schedule", "scale_lr", "ema_decay", "label_smoothing",
+                      "mixcutmix")
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
+
+
+def run_options(args: argparse.Namespace) -> dict:
+    """The run's :data:`TRAJECTORY_OPTIONS` as plain values (schedules as lists of lists), as kept in a checkpoint."""
+    out = {}
+    for key in TRAJECTORY_OPTIONS:
+        value = getattr(args, key)
+        out[key] = [list(pair) for pair in value] if isinstance(value, (list, tuple)) else value
+    return out
+
+
+class RunOptions(Callback):
+    """Keeps the run's options (:func:`run_options`) in its checkpoint (a callback's state is checkpointed)
+    and refuses, when the loop restores it, a resume whose options differ."""
+
+    KEY = "dlo_train_options"
+
+    def __init__(self, options: dict, ckpt: str | None) -> None:
+        self.options, self.ckpt = dict(options), ckpt
+
+    def state_dict(self) -> dict:
+        return {self.KEY: dict(self.options)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_same_run(self.ckpt, state.get(self.KEY), self.options)
+
+
+def saved_options(state: dict) -> dict | None:
+    """The options a checkpoint of ``dlo train`` recorded (None if it has none)."""
+    stateful = (state.get("extra") or {}).get("stateful") or {}
+    for value in stateful.values():
+        if isinstance(value, dict) and isinstance(value.get(RunOptions.KEY), dict):
+            return value[RunOptions.KEY]
+    return None
+
+
+def check_same_run(ckpt: str | None, saved: dict | None, now: dict) -> None:
+    """One line naming every option whose value differs between the checkpoint's run and this one."""
+    if saved is None:
+        raise ValueError(f"the checkpoint {ckpt} does not record the options of its run (it was not written by "
+                         f"`dlo train`), so a resume cannot be checked: train from scratch without --resume")
+    missing = object()
+    changed = [f"{_flag(k)} {saved.get(k)!r} then, {now[k]!r} now" for k in now if saved.get(k, missing) != now[k]]
+    if changed:
+        raise ValueError(f"the checkpoint {ckpt} was written by a run with other options ({'; '.join(changed)}): "
+                         f"resume with that run's options, or train from scratch without --resume")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--log-every", args.log_every, 1),
+                             ("--epochs", args.epochs, 1), ("--n-train", args.n_train, 1), ("--width", args.width, 1),
+                             ("--workers", args.workers, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
+    if args.ckpt_every is not None:
+        if args.ckpt_every < 1:
+            raise ValueError(f"--ckpt-every is a number of steps between checkpoints: give a positive integer, "
+                             f"got {args.ckpt_every}")
+        if not args.ckpt:
+            raise ValueError("--ckpt-every needs --ckpt (the file the checkpoints are written to)")
+    if args.resume and not args.ckpt:
+        raise ValueError("--resume continues from a checkpoint: give its file with --ckpt PATH")
     if args.tta and not args.eval:
         raise ValueError("--tta changes the evaluation: add --eval")
+
+
+def _check_output_file(flag: str, value: str) -> None:
+    """``value`` can be written: not a folder, not under a regular file, in a folder this user may write."""
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{flag} {value} is a folder: give a file path in it (e.g. {path / 'run.pt'})")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {value}: {parent} is a file, not a folder: choose another path")
+            break
+    try:
+        probe_writable(path.parent)  # creates the folder, then writes and removes a probe file
+    except OSError as exc:
+        raise ValueError(f"{flag} {value}: cannot write in {path.parent} ({exc.strerror or exc}): choose a folder "
+                         f"you can write to") from None
+
+
+def _check_resume(args: argparse.Namespace) -> None:
+    """The checkpoint to resume is readable, of this model's shape, and from a run with the same options."""
+    state = read_checkpoint(args.ckpt)
+    check_model_shape(args.ckpt, resnet18_cifar(width=args.width), state["model"])
+    check_same_run(args.ckpt, saved_options(state), run_options(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    # Everything that can be checked is checked first: a mistake costs a line, not minutes of training.
+    _check_options(args)
     cfg = TrainConfig(epochs=args.epochs, steps=args.steps, lr=args.lr, amp=None if args.amp == "none" else args.amp,
                       channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark, compile=args.compile,
                       seed=args.seed, ckpt_path=args.ckpt, ckpt_every=args.ckpt_every, resume=args.resume,
@@ -93,6 +195,12 @@ def _main(args: argparse.Namespace) -> int:
                       resize_schedule=args.resize_schedule, batch_schedule=args.batch_schedule,
                       scale_lr_with_batch=args.scale_lr, ema_decay=args.ema_decay, tta=args.tta,
                       label_smoothing=args.label_smoothing, tracking_dir=args.tracking_dir, run_name=args.run_name)
+    for flag, value in (("--ckpt", args.ckpt), ("--out", args.out), ("--save-weights", args.save_weights)):
+        if value:
+            _check_output_file(flag, value)
+    if args.resume:
+        _check_resume(args)
+    device = pick_device(args.device)
     generated = True if args.generated else None
     train_set = data.cifar10("train", args.data_dir, data.train_transform(), generated=generated,
                              n_train=args.n_train, seed=args.seed)
@@ -117,16 +225,20 @@ def _main(args: argparse.Namespace) -> int:
         print(f"step {step} loss {loss:.4f}", flush=True)
 
     result = train(model, make_loader, cfg, device, val_loader=val_loader, on_step=on_step,
-                   batch_transform=batch_transform, track_params={"width": args.width, "dataset": train_set.source})
+                   batch_transform=batch_transform, track_params={"width": args.width, "dataset": train_set.source},
+                   callbacks=[RunOptions(run_options(args), args.ckpt)])
     for r in result.records:
         if r.get("event") == "epoch" and "val_accuracy" in r:
             print(f"epoch {r['epoch']} val_accuracy {r['val_accuracy']:.4f}", flush=True)
-    if result.stopped_by:
+    if result.stopped_by and result.checkpoint:
         print(f"stopped by {result.stopped_by} at step {result.step}; checkpoint: {result.checkpoint} "
               f"(rerun with --resume to continue)", flush=True)
+    elif result.stopped_by:
+        print(f"stopped by {result.stopped_by} at step {result.step}; nothing was saved (no --ckpt), so this run "
+              f"cannot be continued: give --ckpt PATH to be able to resume after a stop", flush=True)
     if args.save_weights:
-        Path(args.save_weights).parent.mkdir(parents=True, exist_ok=True)
-        torch.save(unwrap_model(result.model).state_dict(), args.save_weights)
+        weights = unwrap_model(result.model).state_dict()
+        atomic_write(args.save_weights, lambda tmp: torch.save(weights, tmp))
     if args.out:
         save_json({"env": environment_info(device), "args": vars(args), "dataset": train_set.source,
                    "step": result.step, "stopped_by": result.stopped_by, "records": result.records}, args.out)
