@@ -74,9 +74,32 @@ def _check_device(rank_device: Callable) -> str:
     return "one GPU per process, chosen by local_rank; CPU otherwise"
 
 
+_DDP_ERRORS = (  # what torch says when DDP is built the wrong way, and what it means here
+    ("process group has not been initialized",
+     "with one process (ctx.is_distributed False) return the model unwrapped: DDP needs a process group"),
+    ("device_ids", "on the CPU pass device_ids=None (device_ids=[i] is for one GPU per process)"),
+    ("SyncBatchNorm", "keep plain BatchNorm unless sync_bn=True (and SyncBatchNorm needs GPUs)"),
+)
+
+
+def _explain_ddp_errors(fn: Callable) -> Callable:
+    """``fn`` with torch's ValueError/RuntimeError on a wrongly built DDP turned into a CheckFailed that says why."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, RuntimeError) as exc:
+            for needle, why in _DDP_ERRORS:
+                if needle in str(exc):
+                    raise CheckFailed(f"{why} (torch said: {str(exc).splitlines()[0][:160]})") from None
+            raise
+    return call
+
+
 @register("ddp", "wrap", ("wrap_model",), SCRIPT)
 def _check_wrap(wrap_model: Callable) -> str:
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    wrap_model = _explain_ddp_errors(wrap_model)
 
     cpu = torch.device("cpu")
     single = wrap_model(_BNNet(), fake_context(), cpu)
@@ -153,8 +176,14 @@ def _run_ranks(fn: Callable, nproc: int, *extra: str) -> list[dict]:
     expect(script.suffix == ".py" and script.is_file(),
            f"{name} must be defined in a script file (ddp_train.py) so that {nproc} processes can import it")
     try:
-        records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
-                         env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+        try:
+            records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
+                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+        except LaunchError as exc:  # the processes could not connect (a busy machine): that is not the answer's fault
+            if "connectFullMesh" not in str(exc.last_line) and "Connection reset" not in str(exc.last_line):
+                raise
+            records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
+                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
     except LaunchError as exc:
         # Every rank may have answered before one of them died while shutting down (a crash at exit of a
         # gloo thread under heavy load): their answers are what is checked, so use them if complete.

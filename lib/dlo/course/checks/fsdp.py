@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from dlo.course.checks.framework import CheckFailed, expect, register
-from dlo.course.checks.ddp import fake_context, one_process_group
+from dlo.course.checks.ddp import _explain_ddp_errors, fake_context, one_process_group
 from dlo.parallel.fsdp import is_resharded_after_forward
 from dlo.parallel import fsdp
 
@@ -32,6 +32,7 @@ def _ids() -> torch.Tensor:
 def _check_ddp(wrap_ddp: Callable) -> str:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    wrap_ddp = _explain_ddp_errors(wrap_ddp)
     single = wrap_ddp(_tiny(), fake_context(), torch.device("cpu"))
     expect(not isinstance(single, DDP), "with one process (ctx.is_distributed False) return the model itself")
     with one_process_group():
@@ -51,8 +52,23 @@ def _units(model) -> tuple[list, object]:
     return layers, model
 
 
+def _explain_fsdp_errors(apply_fsdp: Callable) -> Callable:
+    """``apply_fsdp`` with fully_shard's errors turned into a CheckFailed that says the likely cause."""
+    def call(*args, **kwargs):
+        try:
+            return apply_fsdp(*args, **kwargs)
+        except (TypeError, RuntimeError, AssertionError) as exc:
+            if isinstance(exc, CheckFailed):
+                raise
+            raise CheckFailed(f"fully_shard failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): shard the "
+                              "layers FIRST, then the root (a parameter already sharded by the root cannot be sharded "
+                              "again by a layer)") from None
+    return call
+
+
 @register("fsdp", "fsdp", ("apply_fsdp",), SCRIPT)
 def _check_fsdp(apply_fsdp: Callable) -> str:
+    apply_fsdp = _explain_fsdp_errors(apply_fsdp)
     ids = _ids()
     expected = _tiny()(input_ids=ids).logits
     with one_process_group():
@@ -78,7 +94,11 @@ def _check_fsdp(apply_fsdp: Callable) -> str:
         seen: list[torch.dtype] = []
         hooks = [layer.mlp.register_forward_pre_hook(lambda m, args: seen.append(m.down_proj.weight.dtype))
                  for layer in layers]
-        model(input_ids=ids)
+        try:
+            model(input_ids=ids)
+        except RuntimeError as exc:  # e.g. fp32 layers fed bf16 activations by a bf16 root
+            raise CheckFailed(f"with a bf16 MixedPrecisionPolicy the forward failed ({str(exc).splitlines()[0][:100]}): "
+                              "pass mp_policy=... to every fully_shard call, layers and root alike") from None
         for h in hooks:
             h.remove()
         expect(len(seen) == len(layers) and all(d == torch.bfloat16 for d in seen),
@@ -128,6 +148,7 @@ def _check_checkpointing(apply_activation_checkpointing: Callable) -> str:
 
 @register("fsdp", "reshard", ("apply_fsdp",), SCRIPT)
 def _check_reshard(apply_fsdp: Callable) -> str:
+    apply_fsdp = _explain_fsdp_errors(apply_fsdp)
 
     with one_process_group():
         kept = apply_fsdp(_tiny(), reshard_after_forward=False)

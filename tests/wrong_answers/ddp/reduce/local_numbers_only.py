@@ -1,0 +1,10 @@
+"""Divides the local sums: every rank reports its own shard's numbers."""
+import torch
+import torch.distributed as dist
+from torch import nn
+
+EXPECT = '1.125'
+
+
+def reduce_metrics(loss_sum, correct, count):
+    return {"loss": float(loss_sum) / float(count), "accuracy": float(correct) / float(count)}

@@ -1,0 +1,11 @@
+"""torch.compile(model): one graph around the root, which FSDP wraps next."""
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+EXPECT = "not the whole model"
+
+
+def compile_layers(model):
+    return torch.compile(model)

@@ -1,0 +1,16 @@
+"""Passes `not reshard_after_forward`: the flag read backwards."""
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+EXPECT = 'reshard_after_forward=False'
+
+
+def apply_fsdp(model, *, mp_policy=None, reshard_after_forward=True, offload=None):
+    kwargs = dict(mp_policy=mp_policy or MixedPrecisionPolicy(), offload_policy=offload or OffloadPolicy(),
+                  reshard_after_forward=not reshard_after_forward)
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
