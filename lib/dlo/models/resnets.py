@@ -133,7 +133,7 @@ def load_pretrained(model: nn.Module, path, *, ignore: tuple[str, ...] | list[st
         raise FileNotFoundError(f"no weights file at {file}: compute nodes cannot download; fetch the weights on a "
                                 "login node (e.g. torchvision.models.resnet18(weights='DEFAULT') fills "
                                 "~/.cache/torch/hub/checkpoints/) and pass that file's path")
-    try:  # weights_only=True: a file naming any Python object besides tensors and plain values is refused unrun
+    try:  # weights_only: a file naming any Python object besides tensors and plain values is refused unrun
         state = torch.load(file, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch's messages are paragraphs: one line instead
         found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))

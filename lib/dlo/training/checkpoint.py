@@ -1,7 +1,7 @@
 """Atomic checkpoints with every random state, exact resume, and a clean stop on SIGTERM / SIGUSR1.
 
 Checkpoints hold only tensors and plain values (numbers, strings, lists, dicts), so they are loaded with
-``torch.load(..., weights_only=True)``: a file that names any other Python object (one crafted to run code
+``torch.load`` in its ``weights_only`` mode: a file that names any other Python object (one crafted to run code
 when loaded, or a pickle from another program) is refused before anything of it runs.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dlo.runtime.atomic import atomic_write
 
 
 # --------------------------------------------------------------------------------------------------
-# Random states as tensors and plain values (what weights_only=True loads)
+# Random states as tensors and plain values (what torch.load's weights_only mode loads)
 # --------------------------------------------------------------------------------------------------
 
 def _python_state_out(state: tuple) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def _numpy_state_in(state: Any) -> tuple:
 
 def rng_state() -> dict[str, Any]:
     """Every global random state (torch, Python's ``random``, numpy's legacy generator, CUDA), as tensors and
-    plain values, so that a checkpoint holding it loads with ``weights_only=True``."""
+    plain values, so that a checkpoint holding it loads in torch.load's ``weights_only`` mode."""
     state = {"torch": torch.get_rng_state(), "python": _python_state_out(random.getstate()),
              "numpy": _numpy_state_out(np.random.get_state())}
     if torch.cuda.is_available():
@@ -80,7 +80,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def _refuse_unsafe(tmp: Path, path: Path) -> None:
-    """Refuse, before it replaces a good checkpoint, a state that ``weights_only=True`` could not load back."""
+    """Refuse, before it replaces a good checkpoint, a state that a ``weights_only`` load could not read back."""
     unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(tmp)
     if unsafe:
         raise ValueError(f"the checkpoint {path} would hold {', '.join(unsafe)}, which a safe load refuses: "
@@ -114,7 +114,7 @@ _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The dict :func:`save_checkpoint` wrote, loaded safely (``weights_only=True``), without applying it.
+    """The dict :func:`save_checkpoint` wrote, loaded safely (``weights_only`` mode), without applying it.
 
     Every failure is one line naming the file: FileNotFoundError when there is none, ValueError for a file
     that is truncated, empty, not a torch file, not a checkpoint, or that names a Python object a checkpoint
