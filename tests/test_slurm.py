@@ -1,9 +1,13 @@
 """Slurm templates and dlo.runtime.slurm.render: valid bash, requested #SBATCH values, clear errors."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +203,225 @@ def test_cluster_presets_are_described():
     assert {"generic", "jean-zay"} <= set(slurm.CLUSTERS)
     for name, preset in slurm.CLUSTERS.items():
         assert preset.name == name and preset.description
+
+
+# --------------------------------------------------------------------------------------------------
+# Every command the documentation shows, exercised
+# --------------------------------------------------------------------------------------------------
+
+DOCUMENTS = [paths.ROOT / "README.md", paths.ROOT / "slurm" / "README.md", paths.ROOT / "results" / "README.md",
+             *sorted((paths.ROOT / "slurm").glob("*.sbatch"))]
+COMMAND_WORDS = {"dlo", "python", "python3", "sbatch", "make", "bash", "mkdir"}
+FAKE_SBATCH = Path(__file__).parent / "fixtures" / "fake_sbatch.py"
+
+
+def _commands_in(text: str) -> list[list[str]]:
+    """The commands of one shell line (split at &&, ;, ||) that start with a word this test checks."""
+    try:
+        tokens = shlex.split(text, comments=True)
+    except ValueError:
+        return []
+    found, current = [], []
+    for token in [*tokens, "&&"]:
+        if token in ("&&", ";", "||"):
+            found.append(current)
+            current = []
+        else:
+            current.append(token)
+    keep = []
+    for cmd in found:
+        while cmd and re.match(r"^[A-Za-z_]\w*=", cmd[0]):  # PYTHONPATH=lib python ...
+            cmd = cmd[1:]
+        if len(cmd) < 2 or "/" in cmd:  # a bare name, or "dlo run / check / student": names, not commands
+            continue
+        word = cmd[0] if cmd[0] in COMMAND_WORDS else re.sub(r"^(\.venv/bin/|\S*/bin/)", "", cmd[0])
+        if word not in COMMAND_WORDS or (word.startswith("python") and cmd[1] != "-m"):
+            continue
+        keep.append([word, *cmd[1:]])
+    return keep
+
+
+def documented_commands(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, command) in reading order: shell code blocks (continuation lines joined) and inline code spans of
+    a Markdown file; the usage examples in the header comment of a job script."""
+    lines = path.read_text().splitlines()
+    found: list[tuple[int, list[str]]] = []
+    if path.suffix == ".sbatch":
+        for n, line in enumerate(lines, 1):
+            if line.startswith("#SBATCH"):
+                break
+            m = re.match(r"^#\s{3}(\S.*)$", line)
+            if m:
+                found += [(n, c) for c in _commands_in(m.group(1))]
+        return found
+    in_code, pending, start = False, "", 0
+    for n, line in enumerate(lines, 1):
+        if line.strip().startswith("```"):
+            in_code = not in_code
+            continue
+        if in_code:
+            start = start if pending else n
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            found += [(start, c) for c in _commands_in(pending + line)]
+            pending = ""
+        else:
+            for span in re.findall(r"`([^`\n]+)`", line):
+                found += [(n, c) for c in _commands_in(span)]
+    return found
+
+
+def _placeholder(token: str) -> bool:
+    return token == "..." or "<" in token or bool(re.fullmatch(r"[A-Z][A-Z0-9_]*", Path(token).name.split(".")[0]))
+
+
+def _run_dlo(argv: list[str]) -> tuple[int, str, str]:
+    """``dlo ARGV`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from dlo import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+def _options_in_help(help_argv: list[str], shown: list[str], help_text: str | None = None) -> str | None:
+    """None when every option of ``shown`` appears in the help of the command ``help_argv`` names."""
+    if help_text is None:
+        code, help_text, err = _run_dlo([*help_argv, "--help"])
+        if code != 0:
+            return f"--help fails: {err.strip()}"
+    for token in shown:
+        option = token.split("=", 1)[0]
+        if option.startswith("-") and option != "--help" and \
+                not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", help_text):
+            return f"{option} is not an option of `{' '.join(help_argv)}` (see its --help)"
+    return None
+
+
+def _check_dlo(argv: list[str]) -> str | None:
+    """Run what can run without side effects, check the rest against --help. None when fine, else why not."""
+    from dlo.course.checks.framework import REGISTRY
+
+    if all(_placeholder(t) for t in argv):  # `python -m dlo ...`
+        return None
+    sub = argv[0]
+    prefix = [sub] + [t for t in argv[1:3] if not t.startswith("-") and sub == "hpo"]
+    if len(argv) == 1:  # `dlo run`, `dlo slurm`: the command named in a sentence
+        return _options_in_help([sub], [])
+    if any(_placeholder(t) for t in argv):
+        return _options_in_help(prefix if sub != "run" else [sub, "X.ipynb"], argv)
+    if sub == "run":
+        code, _, err = _run_dlo([*argv, "--dry-run"])
+        if code != 0 and "the following arguments are required" in err:  # `dlo run --profile auto`: an option shown
+            return _options_in_help(["run", "X.ipynb"], argv)
+        return None if code == 0 else err.strip()
+    if sub == "slurm":
+        if len(argv) > 1 and argv[1].startswith("-"):  # `dlo slurm --cluster jean-zay`: options shown
+            return _options_in_help(["slurm", "TEMPLATE"], argv)
+        code, _, err = _run_dlo(argv)
+        return None if code == 0 else err.strip()
+    if sub == "check" and len(argv) >= 3 and not argv[1].startswith("-"):
+        return None if argv[2] in REGISTRY.get(argv[1], {}) else f"no checker {argv[1]} {argv[2]} (dlo check --list)"
+    if sub in ("check", "student", "data"):  # parsed only: `dlo student` would rewrite the student notebooks
+        from dlo.cli import build_parser
+
+        try:
+            build_parser().parse_args(argv)
+        except SystemExit as exc:
+            return f"dlo refuses it (exit {exc.code})"
+        return None
+    return _options_in_help(prefix, argv)
+
+
+def _exercise(cmd: list[str], scratch: Path, bin_dir: Path, env: dict[str, str]) -> str | None:
+    word = cmd[0]
+    if all(t.startswith("-") or _placeholder(t) for t in cmd[1:]) and word != "sbatch":
+        return None  # `bash -n`, `python -m dlo ...`: a command named with an option, not one to run
+    if word == "mkdir":
+        for target in (t for t in cmd[1:] if not t.startswith("-")):
+            (scratch / target).mkdir(parents=True, exist_ok=True)
+        return None
+    if word == "dlo" or (word.startswith("python") and cmd[2] == "dlo"):
+        return _check_dlo(cmd[1:] if word == "dlo" else cmd[3:])
+    if word.startswith("python"):  # python -m MODULE ...: its --help shows the options
+        res = subprocess.run([sys.executable, "-m", *cmd[2:], "--help"], capture_output=True, text=True, timeout=120)
+        return _options_in_help(cmd[2:], cmd[3:], res.stdout) if res.returncode == 0 else res.stderr.strip()
+    if word == "make":
+        res = subprocess.run(["make", "-n", *cmd[1:]], cwd=paths.ROOT, capture_output=True, text=True, timeout=120)
+        return None if res.returncode == 0 else res.stderr.strip()
+    if word == "bash":
+        script = paths.ROOT / cmd[-1]
+        if not script.is_file():
+            return f"no file {cmd[-1]}"
+        res = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True)
+        return None if res.returncode == 0 else res.stderr.strip()
+    if word == "sbatch":  # the real command line, through bash, with the stand-in first on PATH
+        res = subprocess.run([BASH, "-c", shlex.join(cmd)], cwd=scratch, env=env, capture_output=True, text=True,
+                             timeout=300)
+        return None if res.returncode == 0 else res.stderr.strip()
+    return f"no check for {word}"
+
+
+@needs_bash
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda p: str(p.relative_to(paths.ROOT)))
+def test_documented_commands_work(doc, tmp_path, monkeypatch):
+    """Each command a reader may copy, run in order in a copy of the checkout without runs/ (as a fresh clone):
+    files it names exist, options exist, notebook parameters exist with the right types, and every sbatch line
+    would be accepted (a stand-in sbatch checks the job script, its log folder, the notebook or script and its
+    arguments)."""
+    from dlo.course import runner
+
+    commands = documented_commands(doc)
+    assert commands or doc.name == "README.md" and doc.parent.name == "results", f"no command found in {doc}"
+    scratch = tmp_path / "checkout"
+    scratch.mkdir()
+    for entry in paths.ROOT.iterdir():
+        if entry.name not in ("runs", ".git"):
+            (scratch / entry.name).symlink_to(entry)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SBATCH}" "$@"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    runs = tmp_path / "dry-runs"
+    (tmp_path / "help").mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DLO_RUNS_DIR": str(runs),
+           "FAKE_SBATCH_CACHE": str(tmp_path / "help")}
+    monkeypatch.setattr(runner, "RUNS_DIR", runs)
+    monkeypatch.chdir(scratch)
+    failures = []
+    for line, cmd in commands:
+        why = _exercise(cmd, scratch, bin_dir, env)
+        if why:
+            failures.append(f"{doc.relative_to(paths.ROOT)}:{line}: {shlex.join(cmd)}\n    {why}")
+    assert not failures, "documented commands that do not work:\n" + "\n".join(failures)
+
+
+def test_fake_sbatch_catches_what_would_fail(tmp_path):
+    """The stand-in refuses a missing log folder, a wrong script path, a parameter the notebook lacks and an
+    option the training script lacks (the mistakes the documentation once had)."""
+    scratch = tmp_path / "checkout"
+    scratch.mkdir()
+    for name in ("slurm", "Jour1", "tp_fsdp", "lib", "pyproject.toml"):
+        (scratch / name).symlink_to(paths.ROOT / name)
+
+    def sbatch(*args: str) -> str:
+        res = subprocess.run([sys.executable, str(FAKE_SBATCH), *args], cwd=scratch, capture_output=True, text=True,
+                             timeout=300, env={**os.environ, "DLO_RUNS_DIR": str(tmp_path / "dry")})
+        return res.stderr.strip() if res.returncode else "ok"
+
+    assert "log folder runs/slurm/ does not exist" in sbatch("slurm/notebook.sbatch", "Jour1/jour1.ipynb")
+    (scratch / "runs" / "slurm").mkdir(parents=True)
+    assert sbatch("slurm/notebook.sbatch", "Jour1/jour1.ipynb") == "ok"
+    assert "has no parameter(s) epochs" in sbatch("slurm/notebook.sbatch", "Jour1/jour1.ipynb", "-p", "epochs", "2")
+    assert "tp_fsdp/train.py, which does not exist" in sbatch("slurm/torchrun.sbatch", "tp_fsdp/train.py")
+    assert "has no option --profile" in sbatch("slurm/torchrun.sbatch", "tp_fsdp/fsdp_train.py", "--profile", "full")
+    assert "--model takes one of" in sbatch("slurm/torchrun.sbatch", "tp_fsdp/fsdp_train.py", "--model", "gpt")
+    assert "unknown sbatch option --nodez" in sbatch("--nodez", "2", "slurm/torchrun.sbatch")

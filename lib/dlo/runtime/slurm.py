@@ -9,7 +9,7 @@ give, plus the settings of a cluster preset, and whose ``module load`` lines com
     script = render("torchrun", cluster="jean-zay", account="abc@h100", constraint="h100", nodes=2)
 
 From the shell: ``dlo slurm torchrun --cluster jean-zay --account abc@h100 --constraint h100 --nodes 2
--o runs/slurm/train.sbatch`` then ``sbatch runs/slurm/train.sbatch tp_fsdp/train.py --profile full``.
+-o runs/slurm/train.sbatch`` then ``sbatch runs/slurm/train.sbatch tp_fsdp/fsdp_train.py --model llama-3.2-3b``.
 """
 from __future__ import annotations
 
