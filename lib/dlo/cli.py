@@ -4,6 +4,9 @@
                                               or --engine plain: its code cells in this Python, no Jupyter);
                                               --dry-run: check the arguments only, start nothing
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
+    dlo hint COURSE STEP [--level N]                                  the next hint of a step (concept, tools,
+                                              near-code; the level reached is kept in runs/hints.json)
+    dlo solution COURSE STEP                                          print a step's reference solution
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
     dlo slurm TEMPLATE [options]                                      render an sbatch script
@@ -62,6 +65,32 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_hint(args: argparse.Namespace) -> int:
+    from dlo.course.hints import LEVELS, STATE_FILE, levels, next_level
+    from dlo.course.student import step_solution
+
+    outline = "; ".join(hint for _, hint, _ in step_solution(args.course, args.step) if hint)
+    level = next_level(args.course, args.step, args.level)
+    print(f"Hint {level}/{LEVELS} for {args.course}/{args.step}:")
+    print(levels(args.course, args.step, outline or "see `dlo solution`")[level - 1])
+    if level < LEVELS:
+        print(f"(run it again for the next level; the level reached is kept in {STATE_FILE})")
+    else:
+        print(f"(the last level; `dlo solution {args.course} {args.step}` prints the solution)")
+    return 0
+
+
+def _cmd_solution(args: argparse.Namespace) -> int:
+    import textwrap
+
+    from dlo.course.student import step_solution
+
+    for name, _, code in step_solution(args.course, args.step):
+        print(f"# {args.course}/{args.step}, in {name}:")
+        print(textwrap.dedent(code))
+    return 0
+
+
 def _cmd_student(args: argparse.Namespace) -> int:
     from dlo.course.student import write_students
 
@@ -116,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--notebook", default=None, help="notebook whose exercise cells are checked")
     c.add_argument("--list", action="store_true", help="list the steps that have a checker")
     c.set_defaults(func=_cmd_check)
+
+    h = sub.add_parser("hint", help="the next hint of an exercise step (concept, then tools, then near-code)")
+    h.add_argument("course")
+    h.add_argument("step")
+    h.add_argument("--level", type=int, default=None, help="show this level (1-3) instead of the next one")
+    h.set_defaults(func=_cmd_hint)
+
+    so = sub.add_parser("solution", help="print the reference solution of an exercise step")
+    so.add_argument("course")
+    so.add_argument("step")
+    so.set_defaults(func=_cmd_solution)
 
     s = sub.add_parser("student", help="regenerate the student notebooks from the sources")
     s.add_argument("--check", action="store_true", help="write nothing; exit 1 if any is stale")

@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -22,8 +23,38 @@ from typing import Any, Callable
 from dlo.runtime.paths import ROOT
 
 
+_GREEN, _RED, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[0m"
+
+
+def _in_ipython() -> bool:
+    """True inside IPython / Jupyter (where the one-line, coloured results are shown)."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    return bool(get and get() is not None)
+
+
 class CheckFailed(AssertionError):
-    """The answer is not right yet; the message says what was expected."""
+    """The answer is not right yet; the message says what was expected.
+
+    In IPython / Jupyter it shows as one red line, ``NOT YET course/step: what is wrong -- hint: dlo hint course
+    step``, with no traceback (IPython calls ``_render_traceback_`` instead of printing one). Elsewhere it is an
+    ordinary exception: ``dlo check`` and batch runs still fail with a non-zero exit code.
+    """
+
+    def __init__(self, message: str = "", course: str | None = None, step: str | None = None) -> None:
+        super().__init__(message)
+        self.course, self.step = course, step
+
+    def one_line(self) -> str:
+        message = " ".join(str(self).split())
+        if self.course and self.step:
+            prefix = f"{self.course}/{self.step}: "
+            message = message[len(prefix):] if message.startswith(prefix) else message
+            return f"NOT YET {self.course}/{self.step}: {message} — hint: dlo hint {self.course} {self.step}"
+        return f"NOT YET: {message}"
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{_RED}{self.one_line()}{_RESET}"]
 
 
 @dataclass(frozen=True)
@@ -66,16 +97,16 @@ def check(course: str, step: str, namespace: dict[str, Any] | None = None, **fun
     ns = dict(namespace or {}, **functions)
     missing = [f for f in chk.functions if f not in ns]
     if missing:
-        raise CheckFailed(f"{course}/{step}: define {', '.join(missing)} first (run its exercise cell)")
+        raise CheckFailed(f"{course}/{step}: define {', '.join(missing)} first (run its exercise cell)", course, step)
     try:  # the student's prints on the checker's fake inputs (e.g. simulated OOMs) would only confuse
         with contextlib.redirect_stdout(io.StringIO()):
             detail = chk.run(*(ns[f] for f in chk.functions))
     except NotImplementedError as exc:
-        raise CheckFailed(f"{course}/{step}: not implemented yet -- {exc}") from None
+        raise CheckFailed(f"{course}/{step}: not implemented yet -- {exc}", course, step) from None
     except CheckFailed as exc:
-        raise CheckFailed(f"{course}/{step}: {exc}") from None
+        raise CheckFailed(f"{course}/{step}: {exc}", course, step) from None
     message = f"PASSED {course}/{step}: {detail}"
-    print(message)
+    print(f"{_GREEN}{message}{_RESET}" if _in_ipython() else message)
     return message
 
 
