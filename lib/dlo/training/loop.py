@@ -88,12 +88,13 @@ def _schedule_options(cfg: TrainConfig, total: int) -> dict[str, Any]:
     """The schedule's warm-up from the config: ``warmup_frac`` of the steps when set, else ``warmup_steps``
     (onecycle: its rising phase, ``pct_start``, 0.25 by default)."""
     if cfg.schedule == "onecycle":
-        if cfg.warmup_frac is None:
-            return {"pct_start": 0.25}
-        frac = cfg.warmup_frac
+        frac = 0.25 if cfg.warmup_frac is None else cfg.warmup_frac
+        if total < 3 and cfg.warmup_frac is None:
+            return {"pct_start": frac}
         if total < 3:
             raise ValueError(f"the onecycle schedule needs at least 3 optimizer steps, this run makes {total}: "
                              "more epochs, a smaller batch, or another schedule")
+        # at least 2 rising steps and 1 falling one (torch divides by pct_start * total - 1: 0.25 x 4 steps crashed)
         return {"pct_start": min(max(frac, 2 / total), 1 - 1 / total)}
     warmup = cfg.warmup_steps if cfg.warmup_frac is None else int(cfg.warmup_frac * total)
     return {"warmup_steps": min(warmup, max(total - 1, 0))}
