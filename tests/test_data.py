@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from pathlib import Path
 import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
@@ -492,3 +493,28 @@ def test_classes_differ_by_texture_not_only_by_colour(gen_root):
         texture_accuracy = (linear(xte).argmax(1) == yte).float().mean().item()
     assert 0.12 < colour_accuracy < 0.5, colour_accuracy  # some signal, far from "trivially 100 %"
     assert texture_accuracy > 0.35 and texture_accuracy > colour_accuracy + 0.1, (texture_accuracy, colour_accuracy)
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file", "/proc/dlo-test", "read-only"])
+def test_dlo_data_generated_into_a_bad_folder_is_one_line(where, tmp_path, capsys, as_unprivileged, read_only_folder):
+    """`dlo data --generated --data-dir X` writes the set into X: a file, a path under a file, an unwritable
+    place or a read-only folder is refused in one line (exit 2) before anything is generated."""
+    from dlo.cli import main
+
+    (tmp_path / "a-file").write_text("x")
+    target = {"a-file": tmp_path / "a-file", "under-a-file": tmp_path / "a-file" / "sub",
+              "/proc/dlo-test": Path("/proc/dlo-test"), "read-only": read_only_folder[0] / "data"}[where]
+
+    def fn():
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(["data", "--generated", "--data-dir", str(target)])
+        return [rc, err.getvalue()]
+
+    rc, err = as_unprivileged(fn) if where == "read-only" else fn()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: --data-dir"), err
+    assert (tmp_path / "a-file").read_text() == "x"

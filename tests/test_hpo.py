@@ -180,16 +180,21 @@ def test_journal_storage_rejects_unusable_paths(tmp_path):
         hpo.journal_storage(None)
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
-def test_journal_storage_in_a_read_only_folder(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        with pytest.raises(hpo.JournalPathError, match="not writable"):
-            hpo.journal_storage(ro / "journal.log")
-    finally:
-        ro.chmod(0o700)
+def test_journal_storage_in_a_read_only_folder(as_unprivileged, read_only_folder):
+    ro, rw = read_only_folder
+
+    def attempt(folder):
+        def fn():
+            try:
+                hpo.journal_storage(folder / "journal.log")
+            except hpo.JournalPathError as exc:
+                return str(exc)
+            return None
+        return as_unprivileged(fn)
+
+    message = attempt(ro)
+    assert message is not None and "not writable" in message and "\n" not in message
+    assert attempt(rw) is None  # the control: the same user may write a writable folder
 
 
 @pytest.mark.distributed

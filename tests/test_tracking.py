@@ -104,16 +104,21 @@ def test_not_writable_tracking_dir_is_refused_before_training(tmp_path):
         tr.TrainConfig(tracking_dir="")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere: the permission check cannot be seen")
-def test_read_only_tracking_dir(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        with pytest.raises(ValueError, match="not writable"):
-            tracking.check_writable(ro / "sub")
-    finally:
-        ro.chmod(0o700)
+def test_read_only_tracking_dir(as_unprivileged, read_only_folder):
+    ro, rw = read_only_folder
+
+    def attempt(folder):
+        def fn():
+            try:
+                tracking.check_writable(folder / "sub")
+            except ValueError as exc:
+                return str(exc)
+            return None
+        return as_unprivileged(fn)
+
+    message = attempt(ro)
+    assert message is not None and "not writable" in message
+    assert attempt(rw) is None  # the control: the same user may write a writable folder
 
 
 def test_runs_table_without_a_store(tmp_path):

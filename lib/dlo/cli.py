@@ -107,8 +107,21 @@ def _cmd_student(args: argparse.Namespace) -> int:
 
 
 def _cmd_data(args: argparse.Namespace) -> int:
-    from dlo import data
+    from pathlib import Path
 
+    from dlo import data
+    from dlo.runtime.paths import probe_writable
+
+    if args.generated and args.data_dir is not None:  # generated data is written there: check before generating
+        folder = Path(args.data_dir)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--data-dir {folder} is a file: give a folder (the generated data set goes in "
+                             f"<folder>/cifar-10-batches-py)")
+        try:
+            probe_writable(folder)
+        except OSError as exc:
+            raise ValueError(f"--data-dir {folder} is not writable ({exc.strerror or exc}): give a folder you can "
+                             "write to, or leave --data-dir out (the generated set then goes in the cache)") from None
     ds = data.cifar10("train", args.data_dir, generated=True if args.generated else None)
     print(ds.source)
     return 0

@@ -1,0 +1,63 @@
+"""Shared fixtures. ``as_unprivileged`` and ``read_only_folder`` let permission tests run where CI runs them, as
+root: root may write into a read-only folder, so the code under test runs as the user 'nobody' there."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def _as_unprivileged(fn):
+    """``fn()`` as the user 'nobody' when this process is root (else here); returns what ``fn`` returns
+    (JSON-able). When root, ``fn`` runs in a forked child that drops its privileges for good."""
+    if os.geteuid() != 0:
+        return fn()
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop privileges, run, report, exit without running pytest's cleanups
+        code = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(fn()))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as inp:
+        text = inp.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    return json.loads(text)
+
+
+@pytest.fixture
+def as_unprivileged():
+    return _as_unprivileged
+
+
+@pytest.fixture
+def read_only_folder():
+    """``(read_only, writable)``: two folders that 'nobody' can enter, the first without write permission
+    (outside pytest's tmp folder, which only root may enter)."""
+    base = Path(tempfile.mkdtemp(prefix="dlo-perm-"))
+    try:
+        base.chmod(0o755)
+        (base / "ro").mkdir(mode=0o555)
+        (base / "ro").chmod(0o555)
+        (base / "rw").mkdir()
+        (base / "rw").chmod(0o777)
+        yield base / "ro", base / "rw"
+    finally:
+        (base / "ro").chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
