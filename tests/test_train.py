@@ -768,37 +768,7 @@ def test_cli_unwritable_outputs_are_refused_before_anything_runs(flag, where, tm
     assert (tmp_path / "a-file").read_text() == "x"
 
 
-def _as_unprivileged(fn):
-    """``fn()`` as the user 'nobody' when this process is root (for root, a read-only folder is writable);
-    else ``fn()`` here. Runs in a forked child when root; returns what ``fn`` returns (JSON-able)."""
-    if os.geteuid() != 0:
-        return fn()
-    import pwd
-
-    nobody = pwd.getpwnam("nobody")
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: drop privileges for good, run, report, exit without running pytest's cleanups
-        code = 1
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            with os.fdopen(write_end, "w") as out:
-                out.write(json.dumps(fn()))
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_end)
-    with os.fdopen(read_end) as inp:
-        text = inp.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, text
-    return json.loads(text)
-
-
-def test_cli_read_only_folder_is_refused_before_anything_runs(nothing_runs):
+def test_cli_read_only_folder_is_refused_before_anything_runs(nothing_runs, as_unprivileged):
     """A folder the user cannot write: refused up front in one line (as 'nobody' when the tests run as root)."""
     import io
     import shutil
@@ -820,7 +790,7 @@ def test_cli_read_only_folder_is_refused_before_anything_runs(nothing_runs):
                     rc = training_cli.main([*CLI_TINY, "--out", str(base / folder / "out.json"), "--resume",
                                             "--ckpt", str(base / "rw" / "missing.pt")])
                 return [rc, err.getvalue()]
-            return _as_unprivileged(fn)
+            return as_unprivileged(fn)
 
         rc, err = run("ro")
         line = one_line(err)
