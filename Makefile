@@ -13,13 +13,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PROFILE ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: all install run test test-fast student check-student lab clean distclean help
+.PHONY: all install run test test-fast test-browser student check-student lab clean distclean help
 
 all: help
 
 help:
 	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
 	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
+	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
 	@echo "make student  - regenerate the student notebooks from the sources"
 	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
 	@echo "make clean    - remove runs/ and caches (keeps .venv)"
@@ -54,6 +55,15 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -m "not slow and not notebook" $(PYTEST_ARGS)
+
+# A student's session in a real browser (tests/test_browser.py): JupyterLab in headless Chromium runs a student
+# notebook to its first check, types the solution, reads PASSED, checks the tqdm widget and a figure. Not part of
+# `make test`. Needs Chromium from the system (Debian: apt-get install chromium; or DLO_CHROMIUM=/path/to/chrome)
+# and the playwright package, an optional extra installed here into .venv (its own browser download is not used).
+PLAYWRIGHT ?= playwright==1.65.2
+test-browser: $(STAMP)
+	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "$(PLAYWRIGHT)"
+	DLO_BROWSER_TEST=1 $(VENV)/bin/python -m pytest tests/test_browser.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
 student: $(STAMP)
 	$(VENV)/bin/dlo student
