@@ -87,6 +87,8 @@ def _explain_ddp_errors(fn: Callable) -> Callable:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except NotImplementedError:
+            raise
         except (ValueError, RuntimeError) as exc:
             for needle, why in _DDP_ERRORS:
                 if needle in str(exc):

@@ -57,6 +57,8 @@ def _explain_fsdp_errors(apply_fsdp: Callable) -> Callable:
     def call(*args, **kwargs):
         try:
             return apply_fsdp(*args, **kwargs)
+        except NotImplementedError:
+            raise
         except (TypeError, RuntimeError, AssertionError) as exc:
             if isinstance(exc, CheckFailed):
                 raise

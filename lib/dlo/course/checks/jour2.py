@@ -83,7 +83,9 @@ def _check_box(cutmix_box: Callable) -> str:
             y0, y1, x0, x1 = got
             if min(got) < 0 or y1 > h or x1 > w:
                 raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in {h}x{w}: box {got} leaves the image: clip it")
-            raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image: expected {expected}, got {got}")
+            raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image: expected {expected}, got {got} "
+                              "(the sides are floor(height * sqrt(1 - lam)) and floor(width * sqrt(1 - lam)), so that "
+                              "the area is 1 - lam of the image)")
     return f"{len(cases)} boxes identical to dlo.data.augment.cutmix_boxes (sizes from sqrt(1 - lam), clipped)"
 
 

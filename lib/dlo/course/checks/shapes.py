@@ -21,6 +21,9 @@ def _check_intensity(arithmetic_intensity: Callable) -> str:
             expect(False, f"({m}, {n}, {k}, {b} bytes): the output C[m, n] is written too: add m*n elements to the bytes")
         expect(not _close(got, m * n * k / ((m * k + k * n + m * n) * b)),
                 f"({m}, {n}, {k}, {b} bytes): count 2 FLOPs per term (a multiply and an add): 2*m*n*k")
+        expect(not _close(got, 2 * m * n * k / (m * k + k * n + m * n)) or b == 1,
+               f"({m}, {n}, {k}, {b} bytes per element): you divided by elements, not bytes: multiply the elements "
+               "moved by bytes_per_element")
         expect(_close(got, want), f"({m}, {n}, {k}, {b} bytes per element): expected {want:.4g} FLOP/byte, got {got!r}")
     return "2mnk FLOPs over (mk + kn + mn) elements read or written, times the bytes per element"
 
@@ -41,6 +44,6 @@ def _check_padding(pad_to_multiple: Callable) -> str:
     for n, k, want in ((50257, 64, 50304), (64, 64, 64), (65, 64, 128), (3, 4, 4), (1, 8, 8), (1000, 8, 1000),
                        (1001, 8, 1008)):
         got = pad_to_multiple(n, k)
-        expect(got == want and isinstance(got, int), f"pad_to_multiple({n}, {k}) should be {want}, got {got!r}"
+        expect(got == want and isinstance(got, int), f"pad_to_multiple({n}, {k}) should be {want} (an int), got {got!r}"
                 + (" (a size that is already a multiple stays as it is)" if n % k == 0 else ""))
     return "the smallest multiple of k that is >= n, as an int"

@@ -144,12 +144,22 @@ def _check_5(ParallelSwiGLU: type) -> str:
 @register("tp", "6", ("ParallelAttention",), SCRIPT)
 def _check_6(ParallelAttention: type) -> str:
 
-    torch.manual_seed(0)
-    full = Attention(16, 4, 2, 4)
     cos, sin = rotary_cos_sin(5, 4)
-    x = _x(2, 5, 16)
-    expect(_close(ParallelAttention(full, None)(x, cos, sin), full(x, cos, sin)),
-            "with one process it must equal dlo.models.llama.Attention")
+    # num_heads * head_dim (32) != hidden (20), several K/V heads (GQA groups of 2)
+    for hidden, heads, kv in ((16, 4, 2), (20, 8, 4)):
+        torch.manual_seed(0)
+        full = Attention(hidden, heads, kv, 4)
+        x = _x(2, 5, hidden)
+        try:
+            got = ParallelAttention(full, None)(x, cos, sin)
+        except NotImplementedError:
+            raise
+        except RuntimeError as exc:  # a view/reshape to the wrong width
+            raise CheckFailed(f"hidden {hidden}, {heads} heads of 4: {str(exc).splitlines()[0][:100]} -- the heads' "
+                              "width is num_heads * head_dim, not hidden") from None
+        expect(_close(got, full(x, cos, sin)),
+               f"with one process it must equal dlo.models.llama.Attention (hidden {hidden}, {heads} heads of 4, "
+               f"{kv} K/V heads: the heads' width is num_heads * head_dim, not hidden)")
     _peers(ParallelAttention, "6")
     return "query and K/V heads split (GQA groups kept), one all-reduce per forward, clear error when tp ∤ heads"
 

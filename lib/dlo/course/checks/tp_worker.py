@@ -161,6 +161,9 @@ def check_6(ns, g):
     torch.manual_seed(0)
     cos, sin = rotary_cos_sin(5, 4)
     _module_case(ns, g, "ParallelAttention", Attention(16, 4, 2, 4), seeded(2, 5, 16, seed=1), cos, sin)
+    # heads * head_dim != hidden (a layout using hidden / tp breaks) and 2 K/V heads per rank with 2 query heads
+    # each (a layout that ignores the GQA groups breaks; with one K/V head per rank it would not show)
+    _module_case(ns, g, "ParallelAttention", Attention(20, 8, 4, 4), seeded(2, 5, 20, seed=2), cos, sin)
     for heads, kv in ((3, 3), (4, 1)):
         try:
             ns["ParallelAttention"](Attention(12, heads, kv, 4), g["tp_group"])
