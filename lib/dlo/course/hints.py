@@ -107,12 +107,15 @@ HINTS: dict[tuple[str, str], Hint] = {
         "Integer division of the remaining cores by the number of ranks per node, never below 0."),
     ("augment", "box"): _h(
         "Draw the CutMix box: a rectangle whose area is the given fraction of the image, clipped at the borders.",
-        "The side lengths follow from the area ratio (sqrt), the centre is random, the box is clipped to the image.",
-        "sqrt(1 - lam) times the height and width; clamp the corners between 0 and the image size."),
+        "The box covers a fraction 1 - lam of the area, so each side is the image's side times sqrt(1 - lam); it is "
+        "centred on the given point and clipped at the borders.",
+        "math.sqrt, math.floor; the corners (y0, y1, x0, x1) clamped between 0 and the image size."),
     ("augment", "mixup"): _h(
         "Mix each image of a batch with another image of the same batch (MixUp), in one batched operation.",
-        "A permutation of the batch gives every image a partner; the same weight mixes the images and the labels.",
-        "torch.randperm, lam * x + (1 - lam) * x[perm]; do not modify the input tensors."),
+        "The permutation you are given pairs every image with a partner; each image's own weight lam mixes both "
+        "its pixels and its (one-hot or soft) targets.",
+        "lam reshaped to broadcast (view(-1, 1, 1, 1) for images, view(-1, 1) for targets), images[perm]; no in-place "
+        "operations on the inputs."),
     ("augment", "accuracy"): _h(
         "Measure accuracy when labels may be soft (MixUp/CutMix): a prediction scores the weight its class has in "
         "the label.",
@@ -175,8 +178,8 @@ HINTS: dict[tuple[str, str], Hint] = {
         "A loop over the (start, size) pairs keeping the last one with start <= epoch."),
     ("recipes", "ema"): _h(
         "Update an exponential moving average of a model's weights (and BatchNorm buffers) after a step.",
-        "The average moves a little towards the current weights each step; buffers are copied or averaged too.",
-        "torch.no_grad(), Tensor.lerp_ or mul_/add_ with the decay, over parameters and buffers."),
+        "The average keeps most of itself (the decay) and moves a little towards the current weights.",
+        "A list with one new tensor per pair (ema, current): decay multiplies the average; torch.lerp does the same."),
     ("recipes", "tta"): _h(
         "Predict with test-time augmentation: average the predicted probabilities of the image and its mirror.",
         "Averaging over augmented views smooths the prediction; average probabilities, not logits.",
@@ -207,7 +210,8 @@ HINTS: dict[tuple[str, str], Hint] = {
         "Give the bytes of model state per GPU under each ZeRO stage.",
         "Mixed-precision Adam keeps 16 bytes per parameter (weights, gradients, fp32 master and moments); each "
         "stage shards one more kind over the GPUs.",
-        "Stage 1 shards the optimizer states, 2 the gradients too, 3 the weights too."),
+        "Strategies 'ddp', 'zero1' (optimizer states sharded), 'zero2' (gradients too), 'zero3' (weights too): "
+        "divide the sharded bytes by the number of GPUs."),
     ("hpo", "search_space"): _h(
         "Define the trial's hyper-parameters: three of them, named, with log scales where they span decades.",
         "Learning rate and weight decay vary over orders of magnitude: sample them on a log scale.",
@@ -300,8 +304,8 @@ HINTS: dict[tuple[str, str], Hint] = {
         "The chunk= argument of every pipe call; a helper running a list of actions as receives, computes, sends."),
     # ---------------------------------------------------------------- tensor parallel
     ("tp", "1"): _h(
-        "Write the four tensor-parallel communication primitives (copy, reduce, gather, scatter) with the right "
-        "forward and backward each.",
+        "Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, "
+        "gather, scatter), as the class docstring describes.",
         "Each primitive is an autograd function whose backward is the 'opposite' collective: identity <-> "
         "all-reduce, all-gather <-> keep one's slice.",
         "torch.autograd.Function, dlo.parallel.comm.all_reduce / all_gather with the group and a phase."),
