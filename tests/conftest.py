@@ -29,8 +29,13 @@ def _as_unprivileged(fn):
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
             with os.fdopen(write_end, "w") as out:
-                out.write(json.dumps(fn()))
-            code = 0
+                try:
+                    out.write(json.dumps(fn()))
+                    code = 0
+                except BaseException:  # report it to the parent, which fails the test with it
+                    import traceback
+
+                    out.write(traceback.format_exc())
         finally:
             os._exit(code)
     os.close(write_end)

@@ -146,15 +146,24 @@ def test_run_checks_parameter_types_before_starting_a_kernel():
 
 
 @pytest.mark.parametrize("out_dir", ["README.md", "/sys/dlo-test", "not-writable"])
-def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, tmp_path):
-    if out_dir == "not-writable":
-        if os.geteuid() == 0:
-            pytest.skip("root writes into read-only folders")
-        folder = tmp_path / "ro"
-        folder.mkdir()
-        folder.chmod(0o500)
-        out_dir = str(folder / "out")
-    res = _dlo("run", "tests/fixtures/failing.ipynb", "--profile", "smoke", "--out-dir", out_dir)
+def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, as_unprivileged, read_only_folder):
+    if out_dir == "not-writable":  # as 'nobody' when the tests run as root (root writes into read-only folders)
+        out_dir = str(read_only_folder[0] / "out")
+        def in_process():  # the same checks (--dry-run) in this forked process: nobody may not run the venv python
+            import contextlib
+            import io
+
+            from dlo.cli import main
+
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = main(["run", str(ROOT / "tests/fixtures/failing.ipynb"), "--dry-run", "--out-dir", out_dir])
+            return [rc, err.getvalue()]
+
+        rc, err = as_unprivileged(in_process)
+        res = subprocess.CompletedProcess([], rc, "", err)
+    else:
+        res = _dlo("run", "tests/fixtures/failing.ipynb", "--profile", "smoke", "--out-dir", out_dir)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "--out-dir" in lines[0], lines
