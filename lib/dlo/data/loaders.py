@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 
 from torchvision.transforms import v2  # noqa: E402
+from dlo.runtime.validate import is_int
 from dlo.data.format import CIFAR10_MEAN, CIFAR10_STD, CLASSES
 from dlo.data.generated import _SIZE
 
@@ -55,8 +55,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool | None = None, num_workers: int = 0,
@@ -76,9 +74,9 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool | None = Non
     * ``seed``: a seeded ``torch.Generator``, so the shuffling order (and the workers' random augmentations,
       for a fixed ``num_workers``) are the same from run to run. Or pass your own ``generator``.
     """
-    if not _is_int(batch_size) or batch_size <= 0:
+    if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not _is_int(num_workers) or num_workers < 0:
+    if not is_int(num_workers) or num_workers < 0:
         raise ValueError(f"num_workers must be an integer >= 0 (0 = load in the main process), got {num_workers!r}")
     if num_workers == 0 and prefetch_factor is not None:
         raise ValueError(f"prefetch_factor={prefetch_factor} needs worker processes: set num_workers > 0, "
@@ -86,11 +84,11 @@ def make_loader(dataset: Dataset, batch_size: int, *, shuffle: bool | None = Non
     if num_workers == 0 and persistent_workers:
         raise ValueError("persistent_workers=True needs worker processes: set num_workers > 0, "
                          "or leave persistent_workers=False")
-    if prefetch_factor is not None and (not _is_int(prefetch_factor) or prefetch_factor <= 0):
+    if prefetch_factor is not None and (not is_int(prefetch_factor) or prefetch_factor <= 0):
         raise ValueError(f"prefetch_factor must be a positive integer (batches per worker), got {prefetch_factor!r}")
     if seed is not None and generator is not None:
         raise ValueError("give seed or generator, not both (seed just builds a seeded generator)")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if sampler is not None and shuffle:
         raise ValueError("a sampler decides the order itself: leave shuffle unset (or False) when you pass sampler=")
@@ -133,7 +131,7 @@ def preload_batches(loader_or_dataset: DataLoader | Dataset, n_batches: int, bat
     consecutive items ``0, 1, 2, ...`` grouped by ``batch_size`` (required then). ``channels_last`` stores
     the images NHWC in memory, the layout tensor cores prefer (the shape stays ``[B, C, H, W]``).
     """
-    if not _is_int(n_batches) or n_batches <= 0:
+    if not is_int(n_batches) or n_batches <= 0:
         raise ValueError(f"n_batches must be a positive integer, got {n_batches!r}")
     device = torch.device(device)
     out: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -157,7 +155,7 @@ def preload_batches(loader_or_dataset: DataLoader | Dataset, n_batches: int, bat
         return out
     if batch_size is None:
         raise ValueError("batch_size is required when preloading from a Dataset (a DataLoader brings its own)")
-    if not _is_int(batch_size) or batch_size <= 0:
+    if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     need = n_batches * batch_size
     if need > len(loader_or_dataset):
@@ -181,7 +179,7 @@ def synthetic_batch(batch_size: int, device: str | torch.device = "cpu", seed: i
     whatever the disk, the loader or the dataset. Drawn on the CPU from ``seed``, then moved, so the values
     are the same on every device.
     """
-    if not _is_int(batch_size) or batch_size <= 0:
+    if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     gen = torch.Generator().manual_seed(int(seed))
     images = torch.randn(batch_size, 3, _SIZE, _SIZE, generator=gen)

@@ -60,7 +60,8 @@ from dlo.data.cifar import find_cifar10
 from dlo.runtime.device import pick_device
 # the lesson's entry point: the recipes and the data helpers are reachable from here (race.Recipe, ...)
 from dlo.lessons.race_recipe import (MODELS, REAL_TARGET, RECIPES, SMOKE_DATA, SMOKE_TARGET, TIMING_RULES, Recipe,  # noqa: F401
-                                     _is_int, reference_recipe, smoke_recipe)
+                                     reference_recipe, smoke_recipe)
+from dlo.runtime.validate import is_int
 from dlo.lessons.race_data import (_test_batches, _train_batches, load_race_data, random_crop_flip,  # noqa: F401
                                    require_data)
 
@@ -169,7 +170,7 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     target = check_target(target)
     if max_epochs is None:
         max_epochs = recipe.epochs
-    if not _is_int(max_epochs) or not 1 <= max_epochs <= recipe.epochs:
+    if not is_int(max_epochs) or not 1 <= max_epochs <= recipe.epochs:
         raise ValueError(f"max_epochs must be an integer in [1, recipe.epochs={recipe.epochs}] (the schedule ends "
                          f"after recipe.epochs), got {max_epochs!r}")
     if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):

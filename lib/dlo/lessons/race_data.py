@@ -12,7 +12,8 @@ from torch.nn import functional as F
 
 from dlo.data.format import CIFAR10_MEAN, CIFAR10_STD
 from dlo import data
-from dlo.lessons.race_recipe import Recipe, SMOKE_DATA, _is_int
+from dlo.lessons.race_recipe import Recipe, SMOKE_DATA
+from dlo.runtime.validate import is_int
 
 
 
@@ -91,7 +92,7 @@ def load_race_data(recipe: Recipe, device: torch.device | str, *, data_dir=None,
     n_gen_train = n_train or SMOKE_DATA["n_train"]
     n_gen_test = n_test or SMOKE_DATA["n_test"]
     for key, value in (("n_train", n_train), ("n_test", n_test)):
-        if value is not None and (not _is_int(value) or value < 10):
+        if value is not None and (not is_int(value) or value < 10):
             raise ValueError(f"{key} must be an integer >= 10 (or None: the whole set), got {value!r}")
     if recipe.data == "preload":
         train, test = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, None, None, verbose)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from dlo.runtime.validate import is_int
 from dlo.training.optim import OPTIMIZERS, SCHEDULES
 from dlo.models.resnets import resnet9, resnet18_cifar
 from dlo.training.step import amp_dtype
@@ -42,8 +43,6 @@ MODELS: dict[str, Callable[..., nn.Module]] = {"resnet9": resnet9, "resnet18": r
 # The recipe
 # --------------------------------------------------------------------------------------------------
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 @dataclass
 class Recipe(TrainConfig):
@@ -92,11 +91,11 @@ class Recipe(TrainConfig):
             raise ValueError(f"unknown model {self.model!r}: use one of {', '.join(MODELS)}")
         for key in ("width", "batch_size", "epochs", "eval_batch_size"):
             value = getattr(self, key)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"Recipe.{key} must be a positive integer, got {value!r}")
         for key in ("num_workers", "crop_padding", "seed"):
             value = getattr(self, key)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"Recipe.{key} must be an integer >= 0, got {value!r}")
         if self.crop_padding > 16:
             raise ValueError(f"Recipe.crop_padding={self.crop_padding} pixels is more than half a 32x32 image: use 0-16 (4 is classic)")

@@ -13,7 +13,9 @@ from .distributed import init_distributed, teardown, distributed, free_port
 from .records import RECORDS_ENV, write_record, read_records
 from .launch import LaunchError, build_launch_command, expand_runs, launch
 from .errors import first_line
-from .validate import positive_int, check_choice, non_negative_int, check_batch_divisible, per_rank_batch
+from .validate import (
+    is_int, is_number, positive_int, check_choice, non_negative_int, check_batch_divisible, per_rank_batch,
+)
 
 __all__ = [
     "DEVICE_ENV",
@@ -38,6 +40,8 @@ __all__ = [
     "expand_runs",
     "launch",
     "first_line",
+    "is_int",
+    "is_number",
     "positive_int",
     "check_choice",
     "non_negative_int",

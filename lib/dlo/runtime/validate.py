@@ -1,8 +1,22 @@
 """Argument checks shared by the package, each failing with one line that says what to give instead.
 """
 from __future__ import annotations
+
+import math
+import numbers
 from typing import Any
 
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python's or numpy's), and not a bool (``True`` is an ``int`` to Python, never a count or a
+    size to us)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def positive_int(name: str, value: Any) -> int:

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import ast
 import inspect
-import math
 import textwrap
 from dataclasses import dataclass, fields
 
+from dlo.runtime.validate import is_int, is_number
 from dlo.training.callbacks import check_schedule
 from dlo.training.optim import OPTIMIZERS, SCHEDULES
 from dlo.training.step import amp_dtype
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -98,39 +94,39 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if not _is_int(self.epochs) or self.epochs < 1:
+        if not is_int(self.epochs) or self.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.steps is not None and (not _is_int(self.steps) or self.steps < 1):
+        if self.steps is not None and (not is_int(self.steps) or self.steps < 1):
             raise ValueError(f"steps must be >= 1 (or None for whole epochs), got {self.steps}")
-        if self.early_stopping is not None and (not _is_int(self.early_stopping) or self.early_stopping < 1):
+        if self.early_stopping is not None and (not is_int(self.early_stopping) or self.early_stopping < 1):
             raise ValueError(f"early_stopping is a patience in epochs (a positive integer) or None, got {self.early_stopping!r}")
         for key in ("accum_steps", "log_every"):
-            if not _is_int(getattr(self, key)) or getattr(self, key) < 1:
+            if not is_int(getattr(self, key)) or getattr(self, key) < 1:
                 raise ValueError(f"{name}.{key} must be a positive integer, got {getattr(self, key)!r}")
-        if self.ckpt_every is not None and (not _is_int(self.ckpt_every) or self.ckpt_every < 1):
+        if self.ckpt_every is not None and (not is_int(self.ckpt_every) or self.ckpt_every < 1):
             raise ValueError(f"{name}.ckpt_every must be a positive number of steps or None, got {self.ckpt_every!r}")
-        if not _is_int(self.seed) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise ValueError(f"{name}.seed must be an integer >= 0, got {self.seed!r}")
-        if not _is_int(self.warmup_steps) or self.warmup_steps < 0:
+        if not is_int(self.warmup_steps) or self.warmup_steps < 0:
             raise ValueError(f"{name}.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
-        if not _is_number(self.lr) or self.lr <= 0:
+        if not is_number(self.lr) or self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         for key, low, high in (("momentum", 0.0, 1.0), ("label_smoothing", 0.0, 1.0)):
             value = getattr(self, key)
-            if not _is_number(value) or not low <= value < high:
+            if not is_number(value) or not low <= value < high:
                 raise ValueError(f"{name}.{key} must be a number in [{low}, {high}), got {value!r}")
-        if not _is_number(self.weight_decay) or self.weight_decay < 0:
+        if not is_number(self.weight_decay) or self.weight_decay < 0:
             raise ValueError(f"{name}.weight_decay must be a number >= 0, got {self.weight_decay!r}")
-        if self.warmup_frac is not None and (not _is_number(self.warmup_frac) or not 0 <= self.warmup_frac < 1):
+        if self.warmup_frac is not None and (not is_number(self.warmup_frac) or not 0 <= self.warmup_frac < 1):
             raise ValueError(f"{name}.warmup_frac must be a fraction in [0, 1) or None, got {self.warmup_frac!r}")
-        if self.clip_grad_norm is not None and (not _is_number(self.clip_grad_norm) or self.clip_grad_norm <= 0):
+        if self.clip_grad_norm is not None and (not is_number(self.clip_grad_norm) or self.clip_grad_norm <= 0):
             raise ValueError(f"{name}.clip_grad_norm must be a number > 0 or None, got {self.clip_grad_norm!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
         if self.schedule is not None and self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)} (or None: constant)")
         if self.betas is not None and (len(tuple(self.betas)) != 2
-                                       or not all(_is_number(b) and 0 <= b < 1 for b in self.betas)):
+                                       or not all(is_number(b) and 0 <= b < 1 for b in self.betas)):
             raise ValueError(f"{name}.betas must be two numbers in [0, 1) or None, got {self.betas!r}")
         amp_dtype(self.amp)
         for key in ("channels_last", "cudnn_benchmark", "compile", "eval_every_epoch", "resume", "progress",
