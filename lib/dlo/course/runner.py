@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, TextIO
+from typing import Any, Iterable, TextIO
 
 from dlo.course.notebooks import (NotebookArgumentError, NotebookError, _source, check_parameter_types,
                                   parameters_of, resolve_profile)
