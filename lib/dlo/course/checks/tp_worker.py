@@ -244,6 +244,14 @@ def check_11(ns, g):
     metric = ns["reduce_over_dp"](torch.tensor(float(g["dp_rank"] + 1)), torch.tensor(2.0), g["dp_group"])
     expect(abs(float(metric) - 3 / 4) < 1e-9, f"reduce_over_dp: expected (1 + 2) / (2 + 2) = 0.75 over the DP group only, "
            f"got {metric} (sum over dp_group, not over all ranks)")
+    # Numbers that differ on every rank: a sum over all ranks (or over the TP group) no longer gives the same ratio
+    # (with identical numbers on the TP ranks it would, as each would be counted tp times above and below)
+    rank = dist.get_rank()
+    members = [rank % 2, rank % 2 + 2]
+    metric = ns["reduce_over_dp"](torch.tensor(float(rank + 1)), torch.tensor(float(3 * rank + 2)), g["dp_group"])
+    want = sum(m + 1 for m in members) / sum(3 * m + 2 for m in members)
+    expect(abs(float(metric) - want) < 1e-9, f"reduce_over_dp: with different numbers on every rank expected {want:.4f} "
+           f"(sums over the DP group only), got {metric}: reduce over dp_group, not over all ranks")
 
 
 if __name__ == "__main__":

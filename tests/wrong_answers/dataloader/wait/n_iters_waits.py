@@ -1,7 +1,7 @@
 """Times n_iters batches after the first: one batch too many."""
 import time
 
-EXPECT = 'n_iters - 1'
+EXPECT = 'fetch n_iters = 5 batches'
 
 
 def wait_times(loader, n_iters):
