@@ -213,6 +213,215 @@ def test_synchronize_is_a_noop_on_cpu():
     bench.synchronize("cpu")
     bench.synchronize(None)
 
+
+# --------------------------------------------------------------------------------------------------
+# Warm-up until steady, interleaving, spread, and sentences written from the numbers.
+# Every timing below comes from a fake clock: each call *returns* its duration and the timer passes it
+# on (``timer=run``), so the tests count calls and check values, never the speed of this machine.
+# --------------------------------------------------------------------------------------------------
+
+def run(fn):
+    """The fake timer: the call returns how long it 'took'."""
+    return fn()
+
+
+def scripted(durations, log=None, name=None):
+    """A call that returns the next of ``durations`` (and appends ``name`` to ``log``)."""
+    it = iter(durations)
+
+    def call():
+        if log is not None:
+            log.append(name)
+        return next(it)
+
+    return call
+
+
+# The baseline of the issue: three warm-up calls, then these five "repeats": a warm-up still going on.
+ISSUE_BASELINE = [3.08, 3.70, 2.59, 0.33, 0.26]
+
+
+def test_fixed_warmup_of_three_calls_times_the_warm_up_itself():
+    """What went wrong: with 3 fixed warm-up calls, the slow first calls land in the timed repeats."""
+    first_calls = [3.5, 3.6, 3.4] + ISSUE_BASELINE + [0.3] * 10
+    times = bench.time_calls(scripted(first_calls), warmup=3, repeats=5, timer=run)
+    assert times == ISSUE_BASELINE
+
+
+def test_warmup_goes_on_until_the_last_calls_agree():
+    # a ResNet-18 training step on a 2-core CPU, as timed on such a machine: four slow first calls
+    durations = [3.47, 3.69, 2.80, 2.21, 0.43, 0.37, 0.33, 0.40, 0.42, 0.44, 0.44, 0.43, 0.38, 0.32, 0.35, 9.9]
+    calls = []
+    m = bench.measure("baseline", scripted(durations, calls, "x"), items_per_call=8, timer=run, repeats=5,
+                      warmup=bench.Warmup(window=3, tolerance=0.10), track_memory=False, progress=False)
+    # last three calls: 0.43 0.37 0.33 (27 %), 0.37 0.33 0.40 (19 %), 0.33 0.40 0.42 (22 %), 0.40 0.42 0.44
+    # (9.5 %, within 10 %): steady after 10 calls, and the five repeats come after
+    assert m.warmup == 10 and m.steady is True
+    assert m.warmup_times_s == durations[:10]
+    assert m.times_s == durations[10:15] and len(calls) == 15
+    assert bench.unsteady_reason(m) is None and "steady" in str(m)
+
+
+def test_a_slow_plateau_that_passes_the_warm_up_is_caught_by_the_spread_of_the_repeats():
+    """Three slow calls that agree look steady; the repeats that follow drop 10x: no ratio from them."""
+    m = bench.measure("plateau", scripted([3.5, 3.6, 3.4] + ISSUE_BASELINE), items_per_call=8, timer=run,
+                      warmup=bench.Warmup(), repeats=5, track_memory=False, progress=False)
+    assert m.steady is True and m.times_s == ISSUE_BASELINE
+    assert "spread over 106% of their median" in bench.unsteady_reason(m)
+
+
+def test_warmup_stops_at_its_caps_and_says_not_steady():
+    jumpy = bench.measure("jumpy", scripted([1.0, 2.0] * 20), items_per_call=1, timer=run, repeats=2,
+                          warmup=bench.Warmup(max_calls=8), track_memory=False, progress=False)
+    assert jumpy.warmup == 8 and jumpy.steady is False and "NOT steady" in str(jumpy)
+    # the time cap counts the measured seconds of the warm-up calls: 10 + 20 >= 25 after 2 calls
+    slow, steady = bench.warm_up(scripted([10.0, 20.0, 10.0, 10.0]), bench.Warmup(max_seconds=25), timer=run)
+    assert slow == [10.0, 20.0] and steady is False
+    fixed, steady = bench.warm_up(scripted([5.0, 1.0]), 2, timer=run)
+    assert fixed == [5.0, 1.0] and steady is None  # a fixed number of calls is not checked
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(window=1), "window"), (dict(tolerance=0), "tolerance"),
+                                           (dict(max_calls=2), "max_calls"), (dict(max_seconds=0), "max_seconds"),
+                                           (dict(min_calls=-1), "min_calls")])
+def test_warmup_policy_validates(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        bench.Warmup(**kwargs)
+
+
+def test_median_and_interquartile_range_are_reported():
+    m = bench.Measurement(name="m", times_s=[5.0, 1.0, 4.0, 2.0, 3.0], items_per_call=12)
+    assert (m.median_s, m.q25_s, m.q75_s) == (3.0, 2.0, 4.0)
+    assert m.spread == pytest.approx(2 / 3)
+    assert (m.throughput, m.throughput_low, m.throughput_high) == (4.0, 3.0, 6.0)
+    rec = m.to_record()
+    for key, value in dict(median_s=3.0, q25_s=2.0, q75_s=4.0, min_s=1.0, max_s=5.0, throughput_low=3.0,
+                           throughput_high=6.0, repeats=5, steady=None).items():
+        assert rec[key] == value, key
+    json.dumps(rec)
+    one = bench.Measurement(name="one", times_s=[2.0], items_per_call=1)
+    assert (one.q25_s, one.q75_s, one.spread) == (2.0, 2.0, 0.0)
+
+
+def test_candidates_are_timed_interleaved():
+    log = []
+    ms = bench.measure_interleaved(
+        [bench.Candidate("A", scripted([1.0] * 10, log, "A"), 4), bench.Candidate("B", scripted([2.0] * 10, log, "B"), 4)],
+        repeats=4, warmup=2, timer=run, track_memory=False, progress=False)
+    assert log == ["A", "A", "B", "B"] + ["A", "B"] * 4  # warm-ups, then A B A B ..., not AAAA BBBB
+    assert list(ms) == ["A", "B"]
+    assert ms["A"].times_s == [1.0] * 4 and ms["B"].times_s == [2.0] * 4 and ms["A"].warmup == 2
+    with pytest.raises(ValueError, match="must differ"):
+        bench.measure_interleaved([bench.Candidate("A", lambda: 1.0, 1)] * 2, timer=run, progress=False)
+    with pytest.raises(ValueError, match="items_per_call"):
+        bench.measure_interleaved({"A": lambda: 1.0}, timer=run, progress=False)
+
+
+def test_interleaving_shares_a_drift_between_the_candidates():
+    """The machine gets 15 % slower halfway through (another job starts). Two identical configurations
+    timed AAAAA BBBBB look different; timed A B A B, they are, correctly, not told apart."""
+    machine = {"calls": 0}
+
+    def same_work():
+        machine["calls"] += 1
+        return 1.0 if machine["calls"] <= 10 else 1.15
+
+    opts = dict(items_per_call=1, warmup=0, repeats=10, timer=run, track_memory=False, progress=False)
+    a = bench.measure("A", same_work, **opts)
+    b = bench.measure("B", same_work, **opts)
+    assert a.times_s == [1.0] * 10 and b.times_s == [1.15] * 10  # the drift, all of it blamed on B
+    assert bench.compare_sentence(a, b).startswith("A is 1.1x faster than B")
+    machine["calls"] = 0
+    ms = bench.measure_interleaved({"A": same_work, "B": same_work}, **opts)
+    assert ms["A"].times_s == ms["B"].times_s == [1.0] * 5 + [1.15] * 5
+    assert bench.compare_sentence(ms["A"], ms["B"]) == (
+        "A against B: no measurable difference on this machine (within the noise: 0.93 vs 0.93 img/s, medians).")
+
+
+@pytest.mark.parametrize("ratio, text", [(34.9, "35x"), (3.64, "3.6x"), (0.2, "0.20x"), (0.0123, "0.012x"),
+                                         (1.0, "1.0x"), (9.96, "10x"), (123.0, "120x"), (0.999, "1.0x")])
+def test_format_ratio_keeps_two_significant_digits(ratio, text):
+    assert bench.format_ratio(ratio) == text
+
+
+def tight(name, seconds, items=8, steady=True):
+    """A steady measurement whose repeats are within +-1 % of ``seconds``."""
+    return bench.Measurement(name=name, times_s=[seconds * f for f in (0.99, 1.0, 1.01, 0.995, 1.005)],
+                             items_per_call=items, steady=steady)
+
+
+def test_compare_sentence_says_what_was_measured():
+    fast, slow = tight("no .item()", 8 / 53.8), tight(".item() every step", 8 / 15.0)
+    assert bench.compare_sentence(fast, slow) == (
+        "no .item() is 3.6x faster than .item() every step on this machine (53.8 vs 15 img/s, medians; "
+        "the noise bands do not overlap).")
+    assert bench.compare_sentence(slow, fast).startswith(".item() every step is slower than no .item() on this "
+                                                         "machine: 0.28x its throughput")
+    close_a = bench.Measurement(name="a", times_s=[1.0, 1.1, 1.2, 1.05, 1.15], items_per_call=1)
+    close_b = bench.Measurement(name="b", times_s=[0.95, 1.0, 1.1, 1.05, 1.02], items_per_call=1)
+    assert bench.compare_sentence(close_b, close_a) == (
+        "b against a: no measurable difference on this machine (within the noise: 0.98 vs 0.909 img/s, medians).")
+    # records (as read back from results.json) give the same sentence as the measurements
+    assert bench.compare_sentence(fast.to_record(), slow.to_record()) == bench.compare_sentence(fast, slow)
+
+
+def test_no_ratio_from_a_baseline_that_is_not_steady():
+    """The issue's headline: 34.9x over a baseline whose repeats were still warming up."""
+    baseline = bench.Measurement(name="baseline", times_s=ISSUE_BASELINE, items_per_call=8, steady=True)
+    final = tight("final", 2.59 / 34.9)
+    assert bench.unsteady_reason(baseline).startswith("the repeats of baseline spread over")
+    sentence = bench.compare_sentence(final, baseline)
+    assert sentence.startswith("No ratio reported for final against baseline: the repeats of baseline spread")
+    assert "x faster" not in sentence
+    not_settled = tight("warm", 1.0, steady=False)
+    assert bench.unsteady_reason(not_settled) == "the warm-up of warm did not reach steady timings"
+    assert bench.compare_sentence(final, not_settled).startswith("No ratio reported")
+
+
+def test_break_even_sentence():
+    eager, compiled = tight("eager", 1.0), tight("compiled", 0.5)
+    assert bench.break_even_sentence(compiled, eager, 30.0) == (
+        "compiled is 2.0x faster than eager: its first call (30.0 s, compilation included) is paid back after "
+        "about 60 steps.")
+    assert "does not pay off here" in bench.break_even_sentence(tight("compiled", 1.0), eager, 30.0)
+
+
+def contradictions():
+    """Results as the old Jour 1 wrote them: two sentences that their own numbers contradict."""
+    item_free, item_every = tight("4 steps, .item() every step=False", 4 * 64 / 53.8, 4 * 64), \
+        tight("4 steps, .item() every step=True", 4 * 64 / 15.0, 4 * 64)
+    baseline = bench.Measurement(name="0 baseline: CPU fp32", times_s=ISSUE_BASELINE, items_per_call=8)
+    final = tight("5 + torch.compile", 2.59 / 34.9)
+    return {"conclusions": [
+        {"kind": "compare", "a": item_free.to_record(), "b": item_every.to_record(), "args": {},
+         "sentence": "The `.item()` row shows no difference on a CPU"},
+        {"kind": "compare", "a": final.to_record(), "b": baseline.to_record(), "args": {},
+         "sentence": "5 + torch.compile is 35x faster than 0 baseline: CPU fp32 on this machine"},
+    ]}
+
+
+def test_check_conclusions_catches_the_two_contradictions(tmp_path):
+    problems = bench.check_conclusions(contradictions())
+    assert len(problems) == 2
+    assert "3.6x faster" in problems[0] and "No ratio reported" in problems[1]
+
+
+def test_conclusions_written_by_conclude_survive_results_json(tmp_path):
+    results = {}
+    a, b = tight("after", 0.1), tight("before", 0.4)
+    said = bench.conclude(results, a, b)
+    assert said.startswith("after is 4.0x faster than before on this machine")
+    bench.conclude(results, tight("compiled", 0.2), b, kind="break_even", compile_seconds=12.0)
+    bench.conclude(results, a, b, a_label="the final configuration", b_label="the baseline")
+    loaded = bench.load_json(bench.save_json(results, tmp_path / "results.json"))
+    assert [c["kind"] for c in loaded["conclusions"]] == ["compare", "break_even", "compare"]
+    assert bench.check_conclusions(loaded) == []
+    loaded["conclusions"][0]["b"]["times_s"] = [0.1] * 5  # the numbers no longer say "4.0x faster"
+    assert len(bench.check_conclusions(loaded)) == 1
+    with pytest.raises(ValueError, match="unknown conclusion kind"):
+        bench.conclude(results, a, b, kind="nope")
+
+
 # --------------------------------------------------------------------------------------------------
 # MFU against the peak of the precision the step computes in (dlo.measure.flops)
 # --------------------------------------------------------------------------------------------------

@@ -1,21 +1,33 @@
-"""Honest timing: synchronised, warm-up excluded, repeated, median reported.
+"""Honest timing: synchronised, warmed up until steady, repeated, interleaved; median and spread reported.
 
 Why each rule matters:
 - GPU work is asynchronous: Python returns as soon as kernels are *queued*. Timing without a
   synchronisation measures the queueing, not the work. On CUDA we time with CUDA events (recorded in the
   stream, read after a synchronize); on CPU, ``time.perf_counter`` around a synchronised call.
-- The first calls pay one-off costs (cuDNN autotuning, torch.compile, allocator growth, lazy inits):
-  warm-up calls are run and discarded.
-- A single measurement is noisy (other processes, clocks, the OS): we repeat and report the median,
-  which, unlike the mean, ignores the odd slow outlier.
+- The first calls pay one-off costs (cuDNN autotuning, torch.compile, oneDNN kernel creation, allocator
+  growth, lazy inits), and nobody knows in advance for how many calls: on a 2-core CPU a ResNet-18 step
+  took about 3 s for its first four calls, then 0.3 s. So the warm-up (:class:`Warmup`) goes on until the
+  last few calls agree with each other, with a cap on calls and seconds, and every measurement records
+  whether it got there (``steady``).
+- A single measurement is noisy (other processes, clocks, the OS): we repeat, report the median (which,
+  unlike the mean, ignores the odd slow outlier) *and* the spread, the interquartile range [q25, q75] of
+  the repeats. A difference smaller than that spread is not a difference.
+- The machine drifts during a run (another job starts, the CPU heats up and slows down). Configurations
+  that are compared are therefore timed *interleaved*, A B A B ... (:func:`measure_interleaved`), never
+  AAAAA then BBBBB: a drift then hits all of them alike.
+- A ratio is reported only when both measurements are steady (:func:`unsteady_reason`); otherwise the
+  helpers say why instead of printing a number.
 
 Every measurement becomes a plain dict ("record") that can be written to JSON and collected in a
-pandas table, so numbers shown in a notebook come from the run that shows them.
+pandas table, so numbers shown in a notebook come from the run that shows them. Sentences that state a
+measured outcome are written from the numbers by :func:`compare_sentence` / :func:`break_even_sentence`,
+recorded with those numbers by :func:`conclude`, and checked again by :func:`check_conclusions`.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -24,49 +36,135 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.device import synchronize
 import dlo
 
+#: A timer runs ``fn`` once and returns how long it took, in seconds (see :func:`make_timer`). Tests pass
+#: their own (a fake clock), so that what they check never depends on the speed of the machine.
+Timer = Callable[[Callable[[], Any]], float]
 
-def time_calls(fn: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
-               device: torch.device | str | None = None, progress: str | None = None) -> list[float]:
-    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed. Returns seconds per call.
+#: The widest spread of the timed repeats, as interquartile range / median, for which a ratio is still
+#: reported: beyond it the repeats disagree so much that the machine was not steady while they ran.
+MAX_SPREAD = 0.25
 
-    On CUDA each call is bracketed by CUDA events; elsewhere by ``perf_counter`` after a synchronize.
-    ``progress`` shows a tqdm bar with that description.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
+
+def make_timer(device: torch.device | str | None = None) -> Timer:
+    """The timer for ``device``: CUDA events on a GPU (recorded in the stream, read after a synchronize),
+    elsewhere ``perf_counter`` between two synchronisations."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    iterator: Iterable[int] = range(warmup + repeats)
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(iterator, desc=progress, leave=False)
-    times: list[float] = []
-    use_events = dev.type == "cuda"
-    for i in iterator:
-        if use_events:
+    if dev.type == "cuda":
+        def cuda_timer(fn: Callable[[], Any]) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            elapsed = start.elapsed_time(end) / 1000.0
-        else:
-            synchronize(dev)
-            t0 = time.perf_counter()
-            fn()
-            synchronize(dev)
-            elapsed = time.perf_counter() - t0
-        if i >= warmup:
-            times.append(elapsed)
-    return times
+            return start.elapsed_time(end) / 1000.0
+        return cuda_timer
+
+    def host_timer(fn: Callable[[], Any]) -> float:
+        synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(dev)
+        return time.perf_counter() - t0
+    return host_timer
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """Warm up until steady: call ``fn`` until the last ``window`` calls agree, that is
+    ``max - min <= tolerance x median`` over those calls, after at least ``min_calls`` calls. Stop anyway
+    after ``max_calls`` calls, or once the warm-up calls add up to ``max_seconds`` (their measured time):
+    the measurement is then marked ``steady=False`` and no ratio is reported from it.
+
+    The defaults (3 calls within 10 %) catch one-off costs, which make a call several times slower than
+    a normal one, while tolerating the ordinary jitter of a shared machine.
+    """
+
+    min_calls: int = 1
+    window: int = 3
+    tolerance: float = 0.10
+    max_calls: int = 30
+    max_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_calls, int) and self.min_calls >= 0):
+            raise ValueError(f"Warmup: min_calls must be an integer >= 0, got {self.min_calls!r}")
+        if not (isinstance(self.window, int) and self.window >= 2):
+            raise ValueError(f"Warmup: window must be an integer >= 2 (calls compared), got {self.window!r}")
+        if not (self.tolerance > 0):
+            raise ValueError(f"Warmup: tolerance must be > 0 (0.1 = 10 %), got {self.tolerance!r}")
+        if not (isinstance(self.max_calls, int) and self.max_calls >= max(self.min_calls, self.window)):
+            raise ValueError(f"Warmup: max_calls must be an integer >= min_calls and window, got {self.max_calls!r}")
+        if not (self.max_seconds > 0):
+            raise ValueError(f"Warmup: max_seconds must be > 0, got {self.max_seconds!r}")
+
+    def settled(self, times: Sequence[float]) -> bool:
+        """Whether the last ``window`` of ``times`` agree within ``tolerance`` (and ``min_calls`` were run)."""
+        if len(times) < max(self.min_calls, self.window):
+            return False
+        last = list(times)[-self.window:]
+        return max(last) - min(last) <= self.tolerance * statistics.median(last)
+
+
+def _check_counts(warmup: Warmup | int, repeats: int) -> None:
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if not isinstance(warmup, Warmup) and (not isinstance(warmup, int) or warmup < 0):
+        raise ValueError(f"warmup must be >= 0 (a number of calls) or a Warmup policy, got {warmup}")
+
+
+class _WarmingUp:
+    """The warm-up of one candidate, one call at a time (so that several can be driven in turn)."""
+
+    def __init__(self, warmup: Warmup | int) -> None:
+        self.policy = warmup
+        self.times: list[float] = []
+
+    @property
+    def done(self) -> bool:
+        if not isinstance(self.policy, Warmup):
+            return len(self.times) >= self.policy
+        p = self.policy
+        return p.settled(self.times) or len(self.times) >= p.max_calls or sum(self.times) >= p.max_seconds
+
+    @property
+    def steady(self) -> bool | None:
+        """True / False for a policy; None for a fixed number of calls (not checked)."""
+        return self.policy.settled(self.times) if isinstance(self.policy, Warmup) else None
+
+
+def warm_up(fn: Callable[[], Any], warmup: Warmup | int = Warmup(), *, timer: Timer | None = None,
+            device: torch.device | str | None = None) -> tuple[list[float], bool | None]:
+    """Run the warm-up calls of ``fn``. Returns their durations (seconds) and whether the timings became
+    steady: True or False with a :class:`Warmup` policy, None for a fixed number of calls (not checked)."""
+    _check_counts(warmup, 1)
+    timer = timer or make_timer(device)
+    state = _WarmingUp(warmup)
+    while not state.done:
+        state.times.append(float(timer(fn)))
+    return state.times, state.steady
+
+
+def time_calls(fn: Callable[[], Any], *, warmup: Warmup | int = 1, repeats: int = 5,
+               device: torch.device | str | None = None, progress: str | None = None,
+               timer: Timer | None = None) -> list[float]:
+    """Warm ``fn`` up (``warmup`` calls, or until steady with a :class:`Warmup` policy), then run it
+    ``repeats`` times timed. Returns seconds per timed call.
+
+    On CUDA each call is bracketed by CUDA events; elsewhere by ``perf_counter`` after a synchronize.
+    ``progress`` shows a tqdm bar with that description; ``timer`` replaces the clock (tests).
+    """
+    m = measure(progress if isinstance(progress, str) and progress else "calls", fn, items_per_call=1,
+                warmup=warmup, repeats=repeats,
+                device=device if device is not None else "cpu", track_memory=False, progress=bool(progress),
+                timer=timer)
+    return m.times_s
 
 
 class PeakMemory:
@@ -115,9 +213,23 @@ class PeakMemory:
                 self._thread.join()
 
 
+def _quartiles(times: Sequence[float]) -> tuple[float, float]:
+    """(q25, q75) of ``times``, linear interpolation between the sorted values (``method="inclusive"``)."""
+    if len(times) == 1:
+        return float(times[0]), float(times[0])
+    q25, _, q75 = statistics.quantiles(times, n=4, method="inclusive")
+    return q25, q75
+
+
 @dataclass
 class Measurement:
-    """One timed configuration. ``throughput`` is ``items_per_call / median_s`` (e.g. images/s)."""
+    """One timed configuration. ``throughput`` is ``items_per_call / median_s`` (e.g. images/s).
+
+    The noise band is the interquartile range of the timed repeats: ``q25_s``..``q75_s`` seconds per call,
+    i.e. ``throughput_low``..``throughput_high``; ``spread`` is that range over the median. ``warmup`` is
+    the number of warm-up calls run (their times in ``warmup_times_s``), ``steady`` whether they reached
+    steady timings (None: a fixed number of warm-up calls, not checked).
+    """
 
     name: str
     times_s: list[float]
@@ -128,59 +240,174 @@ class Measurement:
     device: str = "cpu"
     warmup: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    steady: bool | None = None
+    warmup_times_s: list[float] = field(default_factory=list)
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.times_s)
 
     @property
+    def q25_s(self) -> float:
+        return _quartiles(self.times_s)[0]
+
+    @property
+    def q75_s(self) -> float:
+        return _quartiles(self.times_s)[1]
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over median (0.1: the middle half of the repeats lie within 10 %)."""
+        q25, q75 = _quartiles(self.times_s)
+        return (q75 - q25) / self.median_s if self.median_s > 0 else 0.0
+
+    @property
     def throughput(self) -> float:
         return self.items_per_call / self.median_s
 
+    @property
+    def throughput_low(self) -> float:
+        """Throughput at the slow quartile (``q75_s``): the bottom of the noise band."""
+        return self.items_per_call / self.q75_s
+
+    @property
+    def throughput_high(self) -> float:
+        """Throughput at the fast quartile (``q25_s``): the top of the noise band."""
+        return self.items_per_call / self.q25_s
+
     def to_record(self) -> dict[str, Any]:
         rec = asdict(self)
-        rec.update(median_s=self.median_s, throughput=self.throughput, repeats=len(self.times_s))
+        q25, q75 = _quartiles(self.times_s)
+        rec.update(median_s=self.median_s, q25_s=q25, q75_s=q75, min_s=min(self.times_s), max_s=max(self.times_s),
+                   spread=self.spread, throughput=self.throughput, throughput_low=self.throughput_low,
+                   throughput_high=self.throughput_high, repeats=len(self.times_s))
         return rec
 
     def __str__(self) -> str:
         mem = f", peak mem {self.peak_memory_bytes / 2**20:.0f} MiB ({self.memory_kind})" if self.peak_memory_bytes else ""
-        return (f"{self.name}: {self.throughput:,.1f} {self.unit} (median of {len(self.times_s)} "
-                f"after {self.warmup} warm-up, {self.median_s * 1000:.1f} ms/call{mem})")
+        steady = {True: ", steady", False: ", NOT steady", None: ""}[self.steady]
+        return (f"{self.name}: {_num(self.throughput)} {self.unit} [{_num(self.throughput_low)}-"
+                f"{_num(self.throughput_high)}] (median [IQR] of {len(self.times_s)} after {self.warmup} warm-up "
+                f"call(s){steady}; {self.median_s * 1000:.1f} ms/call{mem})")
 
 
-def measure(name: str, fn: Callable[[], Any], *, items_per_call: int, warmup: int = 1, repeats: int = 5,
-            device: torch.device | str = "cpu", unit: str = "img/s", track_memory: bool = True,
-            progress: bool = True, **extra: Any) -> Measurement:
-    """Time ``fn`` (see :func:`time_calls`) and track its peak memory; returns a :class:`Measurement`."""
-    device = torch.device(device)
-    if track_memory:
-        with PeakMemory(device) as mem:
-            times = time_calls(fn, warmup=warmup, repeats=repeats, device=device,
-                               progress=name if progress else None)
-        peak, kind = mem.peak_bytes, mem.kind
+@dataclass
+class Candidate:
+    """One configuration to time: ``call()`` runs one step of it (a closure over its model and data) and
+    processes ``items_per_call`` items on ``device``."""
+
+    name: str
+    call: Callable[[], Any]
+    items_per_call: int
+    device: str | torch.device = "cpu"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[[], Any]], *,
+                        items_per_call: int | None = None, device: torch.device | str | None = None,
+                        repeats: int = 5, warmup: Warmup | int = Warmup(), unit: str = "img/s",
+                        track_memory: bool = True, progress: bool = True,
+                        timer: Timer | None = None) -> dict[str, Measurement]:
+    """Time several configurations that are to be compared, *interleaved*.
+
+    Each candidate is first warmed up (until steady with a :class:`Warmup` policy, the default); then the
+    timed calls go round-robin, A B C A B C ..., ``repeats`` rounds. Whatever drifts during the run (another
+    job on the machine, the clock slowing down as the chip heats up) then hits every candidate alike, where
+    AAAAA BBBBB would blame it on B. Returns one :class:`Measurement` per candidate, by name, in order.
+
+    ``candidates``: a list of :class:`Candidate`, or a dict ``{name: call}`` with the shared ``items_per_call``
+    and ``device``. ``timer`` replaces the clock (tests); by default each candidate uses its device's
+    :func:`make_timer`. With ``track_memory`` each call runs inside :class:`PeakMemory` and a candidate keeps
+    its largest peak (on a CPU the RSS of the whole process: the candidates' allocations add up).
+    """
+    if isinstance(candidates, Mapping):
+        if items_per_call is None:
+            raise ValueError("measure_interleaved({name: call}) needs items_per_call (and device)")
+        cands = [Candidate(name, call, items_per_call, device if device is not None else "cpu")
+                 for name, call in candidates.items()]
     else:
-        times = time_calls(fn, warmup=warmup, repeats=repeats, device=device, progress=name if progress else None)
-        peak, kind = None, None
-    return Measurement(name=name, times_s=times, items_per_call=items_per_call, unit=unit, peak_memory_bytes=peak,
-                       memory_kind=kind, device=str(device), warmup=warmup, extra=dict(extra))
+        cands = list(candidates)
+    if not cands:
+        raise ValueError("measure_interleaved needs at least one candidate")
+    names = [c.name for c in cands]
+    if len(set(names)) != len(names):
+        raise ValueError(f"candidate names must differ, got {names}")
+    _check_counts(warmup, repeats)
+    devices = {c.name: torch.device(c.device) for c in cands}
+    timers = {c.name: timer or make_timer(devices[c.name]) for c in cands}
+    peaks: dict[str, int] = {c.name: 0 for c in cands}
+    kinds: dict[str, str | None] = {c.name: None for c in cands}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(desc=" / ".join(names), leave=False, unit="call")
+
+    def run_once(c: Candidate) -> float:
+        if track_memory:
+            with PeakMemory(devices[c.name]) as mem:
+                seconds = float(timers[c.name](c.call))
+            peaks[c.name], kinds[c.name] = max(peaks[c.name], mem.peak_bytes), mem.kind
+        else:
+            seconds = float(timers[c.name](c.call))
+        if bar is not None:
+            bar.update()
+        return seconds
+
+    try:
+        warm: dict[str, _WarmingUp] = {}
+        for c in cands:  # warm-ups one after the other: each needs its own calls until steady
+            warm[c.name] = _WarmingUp(warmup)
+            while not warm[c.name].done:
+                warm[c.name].times.append(run_once(c))
+        timed: dict[str, list[float]] = {c.name: [] for c in cands}
+        for _ in range(repeats):  # A B C A B C ...
+            for c in cands:
+                timed[c.name].append(run_once(c))
+    finally:
+        if bar is not None:
+            bar.close()
+    return {c.name: Measurement(name=c.name, times_s=timed[c.name], items_per_call=c.items_per_call, unit=unit,
+                                peak_memory_bytes=peaks[c.name] if track_memory else None,
+                                memory_kind=kinds[c.name], device=str(devices[c.name]),
+                                warmup=len(warm[c.name].times), extra=dict(c.extra), steady=warm[c.name].steady,
+                                warmup_times_s=warm[c.name].times)
+            for c in cands}
+
+
+def measure(name: str, fn: Callable[[], Any], *, items_per_call: int, warmup: Warmup | int = 1, repeats: int = 5,
+            device: torch.device | str = "cpu", unit: str = "img/s", track_memory: bool = True,
+            progress: bool = True, timer: Timer | None = None, **extra: Any) -> Measurement:
+    """Time ``fn`` alone: ``warmup`` calls (a number, or a :class:`Warmup` policy: until steady), then
+    ``repeats`` timed ones, tracking its peak memory; returns a :class:`Measurement`. To compare
+    configurations, time them together with :func:`measure_interleaved`."""
+    return measure_interleaved([Candidate(name, fn, items_per_call, device, dict(extra))], repeats=repeats,
+                               warmup=warmup, unit=unit, track_memory=track_memory, progress=progress,
+                               timer=timer)[name]
+
+
+def step_call(step: Callable[[torch.Tensor, torch.Tensor], Any],
+              batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], Any]:
+    """A call without arguments that runs ``step(images, labels)`` on the next of ``batches`` (cycled)."""
+    if not batches:
+        raise ValueError("measure_steps needs at least one pre-loaded batch")
+    state = {"i": 0}
+
+    def call() -> Any:
+        images, labels = batches[state["i"] % len(batches)]
+        state["i"] += 1
+        return step(images, labels)
+
+    return call
 
 
 def measure_steps(name: str, step: Callable[[torch.Tensor, torch.Tensor], Any],
-                  batches: list[tuple[torch.Tensor, torch.Tensor]], *, warmup: int = 1, repeats: int = 5,
+                  batches: list[tuple[torch.Tensor, torch.Tensor]], *, warmup: Warmup | int = 1, repeats: int = 5,
                   device: torch.device | str = "cpu", **extra: Any) -> Measurement:
     """Time ``step(images, labels)`` on pre-loaded ``batches`` (cycled), in images per second.
 
     Batches are already on the device, so this measures the training step alone: the data pipeline
     is a separate question (Jour2)."""
-    if not batches:
-        raise ValueError("measure_steps needs at least one pre-loaded batch")
-    state = {"i": 0}
-
-    def call() -> None:
-        images, labels = batches[state["i"] % len(batches)]
-        state["i"] += 1
-        step(images, labels)
-
+    call = step_call(step, batches)
     extra.setdefault("batch_size", len(batches[0][0]))
     return measure(name, call, items_per_call=len(batches[0][0]), warmup=warmup, repeats=repeats, device=device,
                    **extra)
@@ -195,58 +422,306 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
-class Ladder:
-    """An optimisation ladder: each step is measured on top of the fastest configuration so far and
-    *kept* only if it beats it on this machine (a change that helps on a GPU can hurt on a CPU).
+# --------------------------------------------------------------------------------------------------
+# Comparing measurements: beyond the noise or not, and the sentences that say so
+# --------------------------------------------------------------------------------------------------
 
-    ``current`` is the configuration the next step builds on; ``record`` adds a row (a Measurement, or
-    ``None`` with a reason when the step does not apply here) and updates ``current`` when kept.
+def _num(v: float) -> str:
+    """A throughput for a sentence: 3 significant digits, thousands separated (1,234 / 53.8 / 0.512)."""
+    if not math.isfinite(v):
+        return str(v)
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{float(f'{v:.3g}'):g}"
+
+
+def format_ratio(ratio: float) -> str:
+    """A ratio with 2 significant digits and an ``x``: 34.9 -> "35x", 3.64 -> "3.6x", 0.2 -> "0.20x",
+    0.0123 -> "0.012x" (never "0x")."""
+    r = float(ratio)
+    if not math.isfinite(r) or r <= 0:
+        return f"{r}x"
+    digits = 1 - math.floor(math.log10(r))
+    rounded = round(r, digits)
+    if rounded >= 10 ** (2 - digits):  # 9.96 rounds up to 10.0: one digit fewer after the point
+        digits -= 1
+        rounded = round(r, digits)
+    return f"{rounded:.{max(digits, 0)}f}x"
+
+
+def _stats(x: Measurement | Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers a comparison needs, from a Measurement or its record (e.g. read back from results.json)."""
+    rec = x.to_record() if isinstance(x, Measurement) else x
+    items = rec["items_per_call"]
+    times = rec.get("times_s")
+    if times:
+        median = statistics.median(times)
+        q25, q75 = _quartiles(times)
+    else:
+        median, q25, q75 = rec["median_s"], rec.get("q25_s", rec["median_s"]), rec.get("q75_s", rec["median_s"])
+    return {"name": rec.get("name") or rec.get("step") or "?", "unit": rec.get("unit", "img/s"), "items": items,
+            "steady": rec.get("steady"), "throughput": items / median, "low": items / q75, "high": items / q25,
+            "spread": (q75 - q25) / median if median > 0 else 0.0, "repeats": len(times) if times else None}
+
+
+def unsteady_reason(x: Measurement | Mapping[str, Any], max_spread: float = MAX_SPREAD) -> str | None:
+    """Why no ratio may be computed from ``x``, or None when it is steady: its warm-up did not reach steady
+    timings, or its timed repeats spread more than ``max_spread`` (interquartile range / median)."""
+    s = _stats(x)
+    if s["steady"] is False:
+        return f"the warm-up of {s['name']} did not reach steady timings"
+    if s["spread"] > max_spread:
+        return (f"the repeats of {s['name']} spread over {s['spread']:.0%} of their median (interquartile range), "
+                f"more than {max_spread:.0%}: the machine was not steady")
+    return None
+
+
+def faster_beyond_noise(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any]) -> bool:
+    """Whether ``a`` is faster than ``b`` beyond the noise: ``a``'s median throughput is higher *and* the
+    two noise bands (interquartile ranges of the repeats) do not overlap, i.e. ``a`` at its slow quartile
+    still beats ``b`` at its fast quartile."""
+    sa, sb = _stats(a), _stats(b)
+    return sa["throughput"] > sb["throughput"] and sa["low"] > sb["high"]
+
+
+def compare_sentence(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any], *,
+                     a_label: str | None = None, b_label: str | None = None) -> str:
+    """One sentence comparing the throughputs of ``a`` and ``b`` (Measurements or their records), written
+    from the numbers: "A is 3.6x faster than B on this machine (...)", "A is slower than B on this machine:
+    0.50x its throughput (...)", "A against B: no measurable difference on this machine (within the
+    noise ...)", or, when either is not steady (:func:`unsteady_reason`), why no ratio is given."""
+    sa, sb = _stats(a), _stats(b)
+    la, lb = a_label or sa["name"], b_label or sb["name"]
+    reason = unsteady_reason(b) or unsteady_reason(a)
+    if reason:
+        return f"No ratio reported for {la} against {lb}: {reason}, so any ratio would be noise."
+    numbers = f"{_num(sa['throughput'])} vs {_num(sb['throughput'])} {sa['unit']}, medians"
+    ratio = format_ratio(sa["throughput"] / sb["throughput"])
+    if faster_beyond_noise(a, b):
+        return f"{la} is {ratio} faster than {lb} on this machine ({numbers}; the noise bands do not overlap)."
+    if faster_beyond_noise(b, a):
+        return (f"{la} is slower than {lb} on this machine: {ratio} its throughput ({numbers}; "
+                f"the noise bands do not overlap).")
+    return f"{la} against {lb}: no measurable difference on this machine (within the noise: {numbers})."
+
+
+def break_even_sentence(compiled: Measurement | Mapping[str, Any], eager: Measurement | Mapping[str, Any],
+                        compile_seconds: float) -> str:
+    """Whether a compilation that cost ``compile_seconds`` pays off, from the measured steps: after how
+    many steps the time saved per step adds up to it, or that it does not pay off here (not faster beyond
+    the noise), or why no figure is given (not steady)."""
+    sc, se = _stats(compiled), _stats(eager)
+    reason = unsteady_reason(eager) or unsteady_reason(compiled)
+    if reason:
+        return f"No break-even reported for {sc['name']}: {reason}."
+    if faster_beyond_noise(compiled, eager):
+        # a compiled step of N items saves N x (eager - compiled) seconds per item
+        saved_per_step = sc["items"] * (1 / se["throughput"] - 1 / sc["throughput"])
+        return (f"{sc['name']} is {format_ratio(sc['throughput'] / se['throughput'])} faster than {se['name']}: "
+                f"its first call ({compile_seconds:.1f} s, compilation included) is paid back after about "
+                f"{math.ceil(compile_seconds / saved_per_step):,} steps.")
+    return (f"{sc['name']} is not faster than {se['name']} beyond the noise on this machine "
+            f"({_num(sc['throughput'])} vs {_num(se['throughput'])} {sc['unit']}, medians): the "
+            f"{compile_seconds:.1f} s compilation does not pay off here.")
+
+
+#: The helpers that write conclusions, by the ``kind`` :func:`conclude` records.
+CONCLUSION_HELPERS: dict[str, Callable[..., str]] = {"compare": compare_sentence, "break_even": break_even_sentence}
+
+
+def _plain(x: Measurement | Mapping[str, Any]) -> dict[str, Any]:
+    return x.to_record() if isinstance(x, Measurement) else dict(x)
+
+
+def conclude(results: dict[str, Any], a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any], *,
+             kind: str = "compare", **args: Any) -> str:
+    """Write the sentence of helper ``kind`` (:data:`CONCLUSION_HELPERS`) for ``a`` and ``b``, append it with
+    both records and ``args`` to ``results["conclusions"]`` (so results.json holds the numbers behind every
+    sentence), and return it, e.g. for ``display(Markdown(...))``."""
+    if kind not in CONCLUSION_HELPERS:
+        raise ValueError(f"unknown conclusion kind {kind!r}: use one of {', '.join(CONCLUSION_HELPERS)}")
+    sentence = CONCLUSION_HELPERS[kind](a, b, **args)
+    results.setdefault("conclusions", []).append(
+        {"kind": kind, "a": _plain(a), "b": _plain(b), "args": dict(args), "sentence": sentence})
+    return sentence
+
+
+def check_conclusions(results: Mapping[str, Any]) -> list[str]:
+    """Every recorded conclusion written again from its recorded numbers: one line per sentence that the
+    numbers do not give (an empty list: every stated outcome is what was measured)."""
+    problems = []
+    for i, c in enumerate(results.get("conclusions", [])):
+        helper = CONCLUSION_HELPERS.get(c.get("kind"))
+        if helper is None:
+            problems.append(f"conclusion {i}: unknown kind {c.get('kind')!r}")
+            continue
+        expected = helper(c["a"], c["b"], **c.get("args", {}))
+        if expected != c.get("sentence"):
+            problems.append(f"conclusion {i} says {c.get('sentence')!r} but its numbers give {expected!r}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# The optimisation ladder
+# --------------------------------------------------------------------------------------------------
+
+class Ladder:
+    """An optimisation ladder: each step is measured against the fastest configuration so far and *kept*
+    only if it beats it on this machine (a change that helps on a GPU can hurt on a CPU).
+
+    **Keep rule.** A step is kept only when it is faster than the best so far *beyond the noise*: its
+    median throughput is higher and the two noise bands, the interquartile ranges [q25, q75] of the
+    repeats, do not overlap; and both measurements are steady (:func:`unsteady_reason`). With
+    :meth:`try_step` both are timed interleaved (A B A B ...) in the same run; the table's ``decision``
+    column says "kept", "not faster beyond noise", "slower", "not steady: not kept" or "not applicable".
+
+    ``current`` is the configuration the next step builds on. :meth:`try_step` measures a step (given as a
+    call) against the best so far and records it; :meth:`record` adds a row from a Measurement already
+    taken (compared with the best row as it was measured then), or ``None`` with a reason when the step
+    does not apply here. :meth:`final_comparison` times the baseline and the final configuration again,
+    interleaved, for the headline; :meth:`summary` refuses a speed-up whose measurements are not steady.
     """
 
     def __init__(self, **initial_config: Any) -> None:
         self.rows: list[dict[str, Any]] = []
         self.current: dict[str, Any] = dict(initial_config)
+        self.final: dict[str, Measurement] | None = None
+        self._calls: dict[str, Candidate] = {}
 
     def best(self) -> dict[str, Any] | None:
+        """The last kept row: each kept step beat the best before it."""
         kept = [r for r in self.rows if r["kept"]]
-        return max(kept, key=lambda r: r["throughput"]) if kept else None
+        return kept[-1] if kept else None
 
-    def record(self, step: str, measurement: Measurement | None = None, reason: str | None = None,
-               **config: Any) -> dict[str, Any]:
+    def baseline(self) -> dict[str, Any] | None:
+        measured = [r for r in self.rows if r["applicable"]]
+        return measured[0] if measured else None
+
+    def try_step(self, step: str, call: Callable[[], Any], *, items_per_call: int, device: torch.device | str = "cpu",
+                 config: Mapping[str, Any] | None = None, repeats: int = 5, warmup: Warmup | int = Warmup(),
+                 unit: str = "img/s", track_memory: bool = True, progress: bool = True, timer: Timer | None = None,
+                 **extra: Any) -> dict[str, Any]:
+        """Measure ``call`` (one step of the configuration ``config``) interleaved with the best
+        configuration so far, then record it (see the keep rule). The first step is the baseline."""
+        if step in self._calls or any(r["step"] == step for r in self.rows):
+            raise ValueError(f"step {step!r} is already in the ladder: give each step its own name")
+        cand = Candidate(step, call, items_per_call, str(device), dict(extra))
+        best = self.best()
+        opts = dict(repeats=repeats, warmup=warmup, unit=unit, track_memory=track_memory, progress=progress,
+                    timer=timer)
+        if best is None:
+            ms = measure_interleaved([cand], **opts)
+            row = self.record(step, ms[step], **dict(config or {}))
+        else:
+            if best["step"] not in self._calls:
+                raise ValueError(f"the best step so far, {best['step']!r}, was recorded without its call: "
+                                 f"measure it with try_step to compare with it")
+            ms = measure_interleaved([self._calls[best["step"]], cand], **opts)
+            row = self.record(step, ms[step], reference=ms[best["step"]], **dict(config or {}))
+        if row["kept"]:
+            self._calls[step] = cand
+        return row
+
+    def record(self, step: str, measurement: Measurement | None = None, reason: str | None = None, *,
+               reference: Measurement | None = None, **config: Any) -> dict[str, Any]:
+        """Add a row. ``reference``: the best configuration timed together with ``measurement`` (by
+        :meth:`try_step`); without it the comparison uses the best row as it was measured earlier."""
         row: dict[str, Any] = {"step": step, "applicable": measurement is not None, "reason": reason,
-                               "kept": False, **config}
+                               "kept": False, "decision": "not applicable", **config}
         if measurement is None:
             if not reason:
                 raise ValueError(f"step {step!r}: give a measurement, or the reason it does not apply here")
             print(f"{step}: not applicable here -- {reason}")
+            self.rows.append(row)
+            return row
+        row.update(measurement.to_record())
+        best = self.best()
+        if best is None:
+            row.update(kept=True, decision="baseline")
+            note = unsteady_reason(measurement)
+            if note:
+                row["note"] = note
         else:
-            row.update(measurement.to_record())
-            best = self.best()
-            row["kept"] = best is None or measurement.throughput > best["throughput"]
-            if row["kept"]:
-                self.current.update(config)
-            print(measurement, "-> kept" if row["kept"] else "-> slower than the best so far: not kept")
+            ref = reference.to_record() if reference is not None else {k: v for k, v in best.items() if k != "reference"}
+            ref["name"] = ref.get("name") or best["step"]
+            row["reference"] = ref
+            row["best_step"] = best["step"]
+            row["conclusion"] = compare_sentence(measurement, ref)
+            note = unsteady_reason(ref) or unsteady_reason(measurement)
+            # no ratio from a measurement that is not steady: vs_best stays None
+            row["vs_best"] = None if note else _stats(measurement)["throughput"] / _stats(ref)["throughput"]
+            if note:
+                row.update(decision="not steady: not kept", note=note)
+            elif faster_beyond_noise(measurement, ref):
+                row.update(kept=True, decision="kept")
+            elif faster_beyond_noise(ref, measurement):
+                row["decision"] = "slower"
+            else:
+                row["decision"] = "not faster beyond noise"
+        if row["kept"]:
+            self.current.update(config)
+        print(measurement, f"-> {row['decision']}")
         self.rows.append(row)
         return row
 
+    def final_comparison(self, *, repeats: int = 5, warmup: Warmup | int = Warmup(), unit: str = "img/s",
+                         track_memory: bool = False, progress: bool = True,
+                         timer: Timer | None = None) -> dict[str, Measurement] | None:
+        """Time the baseline and the final configuration again, interleaved, for the headline speed-up
+        (numbers taken at the same time, not at both ends of the run). Returns ``{"final": ..., "baseline":
+        ...}`` (also kept in ``self.final`` for :meth:`summary`), or None when no step beat the baseline."""
+        base, best = self.baseline(), self.best()
+        if base is None:
+            raise ValueError("the ladder has no measured step yet")
+        if best is base:
+            self.final = None
+            return None
+        missing = [s for s in (base["step"], best["step"]) if s not in self._calls]
+        if missing:
+            raise ValueError(f"step(s) {missing} were recorded without their call: measure them with try_step")
+        ms = measure_interleaved([self._calls[base["step"]], self._calls[best["step"]]], repeats=repeats,
+                                 warmup=warmup, unit=unit, track_memory=track_memory, progress=progress, timer=timer)
+        self.final = {"final": ms[best["step"]], "baseline": ms[base["step"]]}
+        return self.final
+
     def table(self):
-        """All rows, with the speed-up over the first (baseline) row."""
+        """All rows, with the speed-up over the baseline (``speedup``, NaN when the baseline is not steady)
+        and the ratios as text, 2 significant digits (``speedup_text``, ``vs_best_text``)."""
         import pandas as pd
 
         df = pd.DataFrame(self.rows)
-        if "throughput" in df and len(df):
-            df["speedup"] = df["throughput"] / df["throughput"].iloc[0]
+        base = self.baseline()
+        if base is None or "throughput" not in df:
+            return df
+        refused = unsteady_reason(base)
+        df["speedup"] = float("nan") if refused else df["throughput"] / base["throughput"]
+        df["speedup_text"] = [("" if not r["applicable"] else "no ratio: baseline not steady" if refused
+                               else format_ratio(r["throughput"] / base["throughput"])) for r in self.rows]
+        df["vs_best_text"] = [format_ratio(r["vs_best"]) if r.get("vs_best") is not None
+                              else "no ratio: not steady" if r.get("note") and r["decision"] != "baseline" else ""
+                              for r in self.rows]
         return df
 
     def summary(self) -> dict[str, Any]:
-        """The configuration the ladder ends with and its speed-up over the baseline."""
-        kept = [r for r in self.rows if r["kept"]]
-        if not kept:
+        """The configuration the ladder ends with and its speed-up over the baseline: from
+        :meth:`final_comparison` when it was run, else from the rows. ``final_speedup`` is None when either
+        measurement is not steady (``final_sentence`` says why)."""
+        base, best = self.baseline(), self.best()
+        if base is None:
             raise ValueError("the ladder has no measured step yet")
-        base = self.rows[0]["throughput"]
-        return {"final_config": dict(self.current), "final_step": kept[-1]["step"],
-                "final_speedup": kept[-1]["throughput"] / base,
-                "steps_not_kept": [r["step"] for r in self.rows if r["applicable"] and not r["kept"]]}
+        out: dict[str, Any] = {"final_config": dict(self.current), "final_step": best["step"],
+                               "steps_not_kept": [r["step"] for r in self.rows if r["applicable"] and not r["kept"]],
+                               "baseline_steady": unsteady_reason(base) is None}
+        if best is base:
+            out.update(final_speedup=1.0, final_sentence=(f"No step beat the baseline ({base['step']}) beyond the "
+                                                          f"noise on this machine: the final configuration is the baseline."))
+            return out
+        a, b = (self.final["final"], self.final["baseline"]) if self.final else (best, base)
+        refused = unsteady_reason(b) or unsteady_reason(a)
+        out["final_speedup"] = None if refused else _stats(a)["throughput"] / _stats(b)["throughput"]
+        out["final_sentence"] = compare_sentence(a, b, a_label=f"the final configuration ({best['step']})",
+                                                 b_label=f"the baseline ({base['step']})")
+        return out
 
 
 def environment_info(device: torch.device | str | None = None) -> dict[str, Any]:
@@ -305,6 +780,7 @@ def table(records: Iterable[dict[str, Any] | Measurement], columns: list[str] | 
         for k, v in extra.items():
             r.setdefault(k, v)
         r.pop("times_s", None)
+        r.pop("warmup_times_s", None)
     df = pd.DataFrame(rows)
     return df[columns] if columns else df
 

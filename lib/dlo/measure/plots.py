@@ -6,6 +6,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from dlo.measure.bench import format_ratio
+
 
 def _save(fig, path: str | Path | None):
     if path is not None:
@@ -15,23 +17,40 @@ def _save(fig, path: str | Path | None):
 
 
 def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "img/s", baseline: str | None = None,
-           title: str = "Optimisation ladder", path: str | Path | None = None):
-    """Horizontal bars, one per step, labelled with the throughput and the speed-up over the baseline
-    (the first row unless ``baseline`` names another)."""
+           low: str | None = "throughput_low", high: str | None = "throughput_high", decision: str | None = "decision",
+           ratio: str | None = "speedup_text", title: str = "Optimisation ladder", path: str | Path | None = None):
+    """Horizontal bars, one per step, with the noise band as an error bar (columns ``low``..``high``: the
+    throughput at the slow and fast quartiles of the repeats), labelled with the throughput, the speed-up
+    over the baseline and the ladder's decision ("kept", "not faster beyond noise", ...).
+
+    The speed-up is the text of column ``ratio`` when the table has one (a :class:`dlo.measure.bench.Ladder`
+    table: it says so when the baseline is not steady), else computed over the first row (or the row
+    named ``baseline``) and written with 2 significant digits. Columns named but absent are skipped."""
     names = list(df[label])
-    values = list(df[value])
+    values = [float(v) for v in df[value]]
     base = values[names.index(baseline)] if baseline else values[0]
-    fig, ax = plt.subplots(figsize=(8, 0.55 * len(names) + 1.2))
+    ratios = list(df[ratio]) if ratio and ratio in df else [format_ratio(v / base) for v in values]
+    decisions = list(df[decision]) if decision and decision in df else [""] * len(names)
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.2))
     bars = ax.barh(range(len(names)), values, color=plt.cm.viridis([0.25 + 0.6 * i / max(1, len(names) - 1)
                                                                    for i in range(len(names))]))
+    right = list(values)
+    if low and high and low in df and high in df:
+        lows, highs = [float(v) for v in df[low]], [float(v) for v in df[high]]
+        ax.errorbar(values, range(len(names)), xerr=[[max(0.0, v - lo) for v, lo in zip(values, lows)],
+                                                     [max(0.0, hi - v) for v, hi in zip(values, highs)]],
+                    fmt="none", ecolor="black", elinewidth=1.2, capsize=4, label="noise band (interquartile range)")
+        right = [max(v, hi) for v, hi in zip(values, highs)]
+        ax.legend(loc="lower right", fontsize=8)
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     ax.set_title(title)
-    for bar, v in zip(bars, values):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f"  {v:,.{0 if v >= 100 else 1}f} {unit}  (x{v / base:.2f})",
-                va="center", fontsize=9)
-    ax.set_xlim(0, max(values) * 1.35)
+    for bar, v, r, d, x in zip(bars, values, ratios, decisions, right):
+        versus = r if str(r).startswith("no ratio") else f"{r} vs baseline"
+        text = f"  {v:,.{0 if v >= 100 else 1}f} {unit}  ({versus})" + (f"  {d}" if d else "")
+        ax.text(x, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=9)
+    ax.set_xlim(0, max(right) * 1.7)
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
 
