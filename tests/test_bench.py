@@ -422,6 +422,36 @@ def test_conclusions_written_by_conclude_survive_results_json(tmp_path):
         bench.conclude(results, a, b, kind="nope")
 
 
+def _jour1_results():
+    from dlo.runtime.paths import ROOT
+
+    return sorted(p for p in (ROOT / "runs").glob("**/jour1/results.json"))
+
+
+@pytest.mark.parametrize("path", _jour1_results() or [None], ids=str)
+def test_jour1_conclusions_match_their_numbers(path):
+    """Every sentence Jour 1 wrote about a measured outcome, written again from the numbers it recorded."""
+    if path is None:
+        pytest.skip("no runs/**/jour1/results.json yet: `make run` writes one")
+    results = bench.load_json(path)
+    if "conclusions" not in results:
+        pytest.skip(f"{path} was written before Jour 1 recorded its conclusions")
+    assert results["conclusions"], f"{path}: Jour 1 recorded no conclusion"
+    assert bench.check_conclusions(results) == []
+
+
+def test_jour1_states_measured_outcomes_only_through_the_helpers():
+    """The old prose ("The `.item()` row shows no difference on a CPU") is gone; Jour 1 records its
+    conclusions with bench.conclude and checks them before saving results.json."""
+    from dlo.runtime.paths import ROOT
+
+    nb = json.loads((ROOT / "Jour1" / "jour1.ipynb").read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    assert "shows no difference" not in text
+    assert text.count("bench.conclude(") >= 4
+    assert "bench.check_conclusions(results)" in text
+
+
 # --------------------------------------------------------------------------------------------------
 # MFU against the peak of the precision the step computes in (dlo.measure.flops)
 # --------------------------------------------------------------------------------------------------
