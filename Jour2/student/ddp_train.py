@@ -50,8 +50,9 @@ def rank_device(ctx) -> torch.device:
     ``local_rank`` numbers the processes *of one node* (0..GPUs per node - 1); ``rank`` is global and
     would point past the last GPU on the second node.
     """
-    # TODO: torch.device("cuda", ctx.local_rank) if torch.cuda.is_available(), else torch.device("cpu")
-    raise NotImplementedError('torch.device("cuda", ctx.local_rank) if torch.cuda.is_available(), else torch.device("cpu")')
+    # TODO: Choose the device of this process: one GPU per process on a node, the CPU when there is no GPU.
+    # (run `dlo hint ddp device` for a hint)
+    raise NotImplementedError('Choose the device of this process: one GPU per process on a node, the CPU when there is no GPU. Run `dlo hint ddp device` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -68,8 +69,9 @@ def wrap_model(model: nn.Module, ctx, device: torch.device, *, sync_bn: bool = F
     With a single process (``ctx.is_distributed`` is False) there is nothing to synchronise: return the
     model itself, so the same script runs with plain ``python``.
     """
-    # TODO: SyncBatchNorm conversion if asked, .to(device), then DDP(...) when ctx.is_distributed
-    raise NotImplementedError('SyncBatchNorm conversion if asked, .to(device), then DDP(...) when ctx.is_distributed')
+    # TODO: Prepare the model for data-parallel training: on the right device, wrapped for gradient synchronisation only when there are several processes, with the options you are given.
+    # (run `dlo hint ddp wrap` for a hint)
+    raise NotImplementedError('Prepare the model for data-parallel training: on the right device, wrapped for gradient synchronisation only when there are several processes, with the options you are given. Run `dlo hint ddp wrap` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -85,8 +87,9 @@ def make_train_loader(dataset, ctx, global_batch: int, *, seed: int = 0, num_wor
     ``drop_last=True`` on the sampler keeps the shards the same length (no padding with repeated images).
     Returns ``(loader, sampler)``.
     """
-    # TODO: per_rank_batch(...), DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True, seed=seed, drop_last=True), data.make_loader(..., sampler=sampler)
-    raise NotImplementedError('per_rank_batch(...), DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True, seed=seed, drop_last=True), data.make_loader(..., sampler=sampler)')
+    # TODO: Give each rank its own, disjoint part of the dataset, with the global batch split evenly between ranks.
+    # (run `dlo hint ddp shard` for a hint)
+    raise NotImplementedError('Give each rank its own, disjoint part of the dataset, with the global batch split evenly between ranks. Run `dlo hint ddp shard` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -99,8 +102,9 @@ def train_epoch(model, loader, sampler, epoch: int, optimizer, criterion, device
     ``forward(model, images, step)`` replaces ``model(images)`` when given (e.g. to pick a head).
     ``step_times`` (a list) receives each step's synchronised duration in seconds.
     """
-    # TODO: give the sampler the epoch number (sampler.set_epoch), or every epoch repeats epoch 0's order
-    raise NotImplementedError("give the sampler the epoch number (sampler.set_epoch), or every epoch repeats epoch 0's order")
+    # TODO: Give each epoch its own shuffle, identical on every rank.
+    # (run `dlo hint ddp epoch` for a hint)
+    raise NotImplementedError('Give each epoch its own shuffle, identical on every rank. Run `dlo hint ddp epoch` for a hint.')
     model.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.int64, device=device)
@@ -136,8 +140,9 @@ def reduce_metrics(loss_sum: torch.Tensor, correct: torch.Tensor, count: torch.T
     averaging each rank's accuracy would be wrong when shards differ in size. Without a process group
     (one process) the local numbers are the global ones.
     """
-    # TODO: stack into one float64 tensor, dist.all_reduce(..., op=SUM) if dist.is_initialized(), divide by the count
-    raise NotImplementedError('stack into one float64 tensor, dist.all_reduce(..., op=SUM) if dist.is_initialized(), divide by the count')
+    # TODO: Turn each rank's sums (loss, correct answers, images) into global mean loss and accuracy, the same on every rank.
+    # (run `dlo hint ddp reduce` for a hint)
+    raise NotImplementedError("Turn each rank's sums (loss, correct answers, images) into global mean loss and accuracy, the same on every rank. Run `dlo hint ddp reduce` for a hint.")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -151,8 +156,9 @@ def save_on_main(ctx, path, model, optimizer, epoch: int) -> Path | None:
     atomically. The barrier stops other ranks from reading (or deleting) the file before it exists.
     Returns the path on rank 0, None elsewhere.
     """
-    # TODO: save_checkpoint(path, model=..., optimizer=..., epoch=...) if ctx.is_main; dist.barrier() when a process group exists
-    raise NotImplementedError('save_checkpoint(path, model=..., optimizer=..., epoch=...) if ctx.is_main; dist.barrier() when a process group exists')
+    # TODO: Save a checkpoint from one process only, loadable into a plain model, and make every process wait until it is written.
+    # (run `dlo hint ddp checkpoint` for a hint)
+    raise NotImplementedError('Save a checkpoint from one process only, loadable into a plain model, and make every process wait until it is written. Run `dlo hint ddp checkpoint` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------

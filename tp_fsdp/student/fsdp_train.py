@@ -40,8 +40,9 @@ from dlo.parallel import fsdp as ref
 def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
     """Move the model to ``device``; with several processes wrap it in ``DistributedDataParallel``
     (``device_ids=[device.index]`` on a GPU, ``None`` on the CPU). One process: return the model itself."""
-    # TODO: model.to(device); return it alone when not ctx.is_distributed, else DDP(model, device_ids=...)
-    raise NotImplementedError('model.to(device); return it alone when not ctx.is_distributed, else DDP(model, device_ids=...)')
+    # TODO: Build the DDP baseline: the model on its device, wrapped only when there are several processes.
+    # (run `dlo hint fsdp ddp` for a hint)
+    raise NotImplementedError('Build the DDP baseline: the model on its device, wrapped only when there are several processes. Run `dlo hint fsdp ddp` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -55,8 +56,9 @@ def apply_fsdp(model: nn.Module, *, mp_policy=None, reshard_after_forward: bool 
     final norm, the tied head). Pass ``mp_policy`` (None: fp32), ``reshard_after_forward`` and ``offload``
     (an OffloadPolicy, None: none) to every call.
     """
-    # TODO: from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, OffloadPolicy; fully_shard(layer, ...) for each layer, then fully_shard(model, ...)
-    raise NotImplementedError('from torch.distributed.fsdp import fully_shard, MixedPrecisionPolicy, OffloadPolicy; fully_shard(layer, ...) for each layer, then fully_shard(model, ...)')
+    # TODO: Shard the model with FSDP2, one unit per decoder layer plus the root, passing every option you are given to each unit.
+    # (run `dlo hint fsdp fsdp` for a hint)
+    raise NotImplementedError('Shard the model with FSDP2, one unit per decoder layer plus the root, passing every option you are given to each unit. Run `dlo hint fsdp fsdp` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -65,8 +67,9 @@ def apply_fsdp(model: nn.Module, *, mp_policy=None, reshard_after_forward: bool 
 def mixed_precision_policy(precision: str):
     """None for ``"fp32"``; for ``"bf16"`` a ``MixedPrecisionPolicy`` computing in bf16 (the all-gathered
     weights) but reducing gradients in fp32. Any other name: ValueError."""
-    # TODO: None for "fp32"; MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) for "bf16"; else ValueError
-    raise NotImplementedError('None for "fp32"; MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) for "bf16"; else ValueError')
+    # TODO: Choose the mixed-precision policy for a precision name: compute in bf16 but reduce gradients in fp32.
+    # (run `dlo hint fsdp precision` for a hint)
+    raise NotImplementedError('Choose the mixed-precision policy for a precision name: compute in bf16 but reduce gradients in fp32. Run `dlo hint fsdp precision` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,8 +79,9 @@ def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
     """Replace each decoder layer by ``checkpoint_wrapper(layer)`` (from
     ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``): its activations are recomputed during
     backward instead of being stored. Call it before ``apply_fsdp``; return the model."""
-    # TODO: for i, layer in enumerate(model.model.layers): model.model.layers[i] = checkpoint_wrapper(layer)
-    raise NotImplementedError('for i, layer in enumerate(model.model.layers): model.model.layers[i] = checkpoint_wrapper(layer)')
+    # TODO: Make every decoder layer recompute its activations in the backward instead of storing them.
+    # (run `dlo hint fsdp checkpointing` for a hint)
+    raise NotImplementedError('Make every decoder layer recompute its activations in the backward instead of storing them. Run `dlo hint fsdp checkpointing` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -86,8 +90,9 @@ def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
 def offload_policy(device: torch.device, enabled: bool):
     """``OffloadPolicy()`` (nothing offloaded) when not enabled; ``CPUOffloadPolicy(pin_memory=True)`` when
     enabled on a GPU; enabled while training on the CPU: ``ValueError`` saying why (nothing to offload)."""
-    # TODO: OffloadPolicy() if not enabled; ValueError if device.type != "cuda"; else CPUOffloadPolicy(pin_memory=True)
-    raise NotImplementedError('OffloadPolicy() if not enabled; ValueError if device.type != "cuda"; else CPUOffloadPolicy(pin_memory=True)')
+    # TODO: Choose where the sharded state lives: on the GPU, or in CPU memory when asked on a GPU run.
+    # (run `dlo hint fsdp offload` for a hint)
+    raise NotImplementedError('Choose where the sharded state lives: on the GPU, or in CPU memory when asked on a GPU run. Run `dlo hint fsdp offload` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -96,8 +101,9 @@ def offload_policy(device: torch.device, enabled: bool):
 def compile_layers(model: nn.Module) -> nn.Module:
     """Compile each decoder layer in place (``layer.compile()``), before ``apply_fsdp``: FSDP's hooks stay
     between the compiled layers, and all layers share one compiled graph. Return the model."""
-    # TODO: layer.compile() for every layer in model.model.layers
-    raise NotImplementedError('layer.compile() for every layer in model.model.layers')
+    # TODO: Compile each decoder layer in place, leaving the root uncompiled so that FSDP can wrap it.
+    # (run `dlo hint fsdp compile` for a hint)
+    raise NotImplementedError('Compile each decoder layer in place, leaving the root uncompiled so that FSDP can wrap it. Run `dlo hint fsdp compile` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -107,16 +113,18 @@ def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
     """Every rank writes its own shards with ``torch.distributed.checkpoint``: get the model and optimizer
     state dicts with ``torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)``, then
     ``dcp.save({"model": ..., "optim": ..., "step": torch.tensor(step)}, checkpoint_id=str(path))``."""
-    # TODO: get_state_dict(model, optimizer), then dcp.save({...}, checkpoint_id=str(path))
-    raise NotImplementedError('get_state_dict(model, optimizer), then dcp.save({...}, checkpoint_id=str(path))')
+    # TODO: Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards.
+    # (run `dlo hint fsdp dcp` for a hint)
+    raise NotImplementedError('Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards. Run `dlo hint fsdp dcp` for a hint.')
 
 
 def load_checkpoint(path, model: nn.Module, optimizer) -> int:
     """Load what :func:`save_checkpoint` wrote into this (identically sharded) model and optimizer, in
     place; return the saved step. ``dcp.load`` fills a state dict of the right shapes, which
     ``set_state_dict(model, optimizer, model_state_dict=..., optim_state_dict=...)`` then applies."""
-    # TODO: state = {"model": ..., "optim": ..., "step": torch.tensor(0)} from get_state_dict; dcp.load(state, checkpoint_id=...); set_state_dict(...); return int(state["step"])
-    raise NotImplementedError('state = {"model": ..., "optim": ..., "step": torch.tensor(0)} from get_state_dict; dcp.load(state, checkpoint_id=...); set_state_dict(...); return int(state["step"])')
+    # TODO: Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards.
+    # (run `dlo hint fsdp dcp` for a hint)
+    raise NotImplementedError('Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards. Run `dlo hint fsdp dcp` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -126,8 +134,9 @@ def deepspeed_config(stage: int, global_batch: int, world_size: int, precision: 
     """The DeepSpeed JSON config of ZeRO ``stage`` (1, 2 or 3): ``train_batch_size`` (global),
     ``train_micro_batch_size_per_gpu`` (per rank: ``dlo.data.tokens.per_rank_batch``), ``gradient_accumulation_steps``
     1, ``zero_optimization: {"stage": stage}``, ``bf16: {"enabled": precision == "bf16"}``."""
-    # TODO: check the stage, then the dict described above (per_rank_batch raises when world_size does not divide)
-    raise NotImplementedError('check the stage, then the dict described above (per_rank_batch raises when world_size does not divide)')
+    # TODO: Write the DeepSpeed configuration for a ZeRO stage, a global batch and a world size.
+    # (run `dlo hint fsdp deepspeed` for a hint)
+    raise NotImplementedError('Write the DeepSpeed configuration for a ZeRO stage, a global batch and a world size. Run `dlo hint fsdp deepspeed` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -51,8 +51,9 @@ def naive_step(pipe) -> None:
     """The whole batch is one micro-batch (``pipe.micro_batches == 1``): receive it, run this stage,
     send the result on; then receive the output's gradient, run the backward, send the input's gradient
     back. Stage k can only start once stage k-1 is done: every other stage waits."""
-    # TODO: recv_forward(0) -> forward_compute(0, x) -> send_forward(0, y); then recv_backward(0) -> backward_compute(0, g) -> send_backward(0, dx)
-    raise NotImplementedError('recv_forward(0) -> forward_compute(0, x) -> send_forward(0, y); then recv_backward(0) -> backward_compute(0, g) -> send_backward(0, dx)')
+    # TODO: Run one batch through this pipeline stage: forward and pass the activations on, then backward and pass the gradient back.
+    # (run `dlo hint pipeline naive` for a hint)
+    raise NotImplementedError('Run one batch through this pipeline stage: forward and pass the activations on, then backward and pass the gradient back. Run `dlo hint pipeline naive` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -63,8 +64,9 @@ def afab_step(pipe) -> None:
     micro-batch 0, 1, ..., m-1, then the backward (receive, compute, send) of micro-batch 0, 1, ..., m-1.
     While stage k works on micro-batch i, stage k-1 already works on micro-batch i+1. Every micro-batch
     must run backward: the gradients accumulate over the m of them."""
-    # TODO: for mb in range(pipe.micro_batches): forward (recv, compute, send); then the same loop for the backward
-    raise NotImplementedError('for mb in range(pipe.micro_batches): forward (recv, compute, send); then the same loop for the backward')
+    # TODO: Pipeline the micro-batches GPipe-style: all forwards, then all backwards, in micro-batch order.
+    # (run `dlo hint pipeline afab` for a hint)
+    raise NotImplementedError('Pipeline the micro-batches GPipe-style: all forwards, then all backwards, in micro-batch order. Run `dlo hint pipeline afab` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,8 +78,9 @@ def one_f_one_b_step(pipe) -> None:
     the backwards left. A stage then holds at most ``world_size - rank`` micro-batches of activations,
     instead of all m with AFAB, for the same bubble. Write each forward and each backward as
     receive-compute-send: the Pipe posts a forward's send together with the next backward's receive."""
-    # TODO: warmup = min(pipe.world_size - pipe.rank - 1, m); warm-up forwards; for i in range(m - warmup): forward(warmup + i), backward(i); then backwards of the last warmup micro-batches
-    raise NotImplementedError('warmup = min(pipe.world_size - pipe.rank - 1, m); warm-up forwards; for i in range(m - warmup): forward(warmup + i), backward(i); then backwards of the last warmup micro-batches')
+    # TODO: Schedule the micro-batches 1F1B: a warm-up of forwards, then one forward / one backward, then the remaining backwards, to bound the activations each stage keeps.
+    # (run `dlo hint pipeline 1f1b` for a hint)
+    raise NotImplementedError('Schedule the micro-batches 1F1B: a warm-up of forwards, then one forward / one backward, then the remaining backwards, to bound the activations each stage keeps. Run `dlo hint pipeline 1f1b` for a hint.')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -95,8 +98,9 @@ def interleaved_step(pipe) -> None:
     then run the computes, then send the outputs: the Pipe posts a step's receives together with the
     previous step's sends. (Receive-compute-send for each action alone deadlocks on NCCL here: the ranks
     form a ring, the last one feeding rank 0's next chunk.)"""
-    # TODO: a helper step(actions): inputs = [recv_* of each action], outputs = [*_compute of each], then send_* of each; warm-up steps [("F", k)], steady steps [("F", warmup + i), ("B", i)], cool-down steps [("B", k)], where ("F", k) is the k-th forward
-    raise NotImplementedError('a helper step(actions): inputs = [recv_* of each action], outputs = [*_compute of each], then send_* of each; warm-up steps [("F", k)], steady steps [("F", warmup + i), ("B", i)], cool-down steps [("B", k)], where ("F", k) is the k-th forward')
+    # TODO: Schedule interleaved 1F1B: each rank holds several chunks, each micro-batch visits every rank several times, and a step's transfers go out together.
+    # (run `dlo hint pipeline interleaved` for a hint)
+    raise NotImplementedError("Schedule interleaved 1F1B: each rank holds several chunks, each micro-batch visits every rank several times, and a step's transfers go out together. Run `dlo hint pipeline interleaved` for a hint.")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -55,13 +55,15 @@ class CopyToRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: identity -- return x.view_as(x) (a new tensor object autograd can attach to)
-        raise NotImplementedError('identity -- return x.view_as(x) (a new tensor object autograd can attach to)')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: all-reduce the gradient over ctx.group (phase="backward"); return (grad, None)
-        raise NotImplementedError('all-reduce the gradient over ctx.group (phase="backward"); return (grad, None)')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class ReduceFromRegion(torch.autograd.Function):
@@ -70,13 +72,15 @@ class ReduceFromRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # TODO: return all_reduce(x, group, phase="forward")
-        raise NotImplementedError('return all_reduce(x, group, phase="forward")')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: identity: return grad, None
-        raise NotImplementedError('identity: return grad, None')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class GatherFromRegion(torch.autograd.Function):
@@ -85,13 +89,15 @@ class GatherFromRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: return all_gather_last_dim(x, group, phase="forward")
-        raise NotImplementedError('return all_gather_last_dim(x, group, phase="forward")')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: return split_last_dim(grad, ctx.group), None
-        raise NotImplementedError('return split_last_dim(grad, ctx.group), None')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class ScatterToRegion(torch.autograd.Function):
@@ -100,13 +106,15 @@ class ScatterToRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: return split_last_dim(x, group)
-        raise NotImplementedError('return split_last_dim(x, group)')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: return all_gather_last_dim(grad, ctx.group, phase="backward"), None
-        raise NotImplementedError('return all_gather_last_dim(grad, ctx.group, phase="backward"), None')
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # (run `dlo hint tp 1` for a hint)
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 def copy_to_region(x, group=None):
@@ -146,12 +154,14 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.gather_output, self.copy_input = group, gather_output, copy_input
         tp, r = group_size(group), group_rank(group)
         _divisible("out_features", full.out_features, tp, "ColumnParallelLinear")
-        # TODO: n = full.out_features // tp; self.weight = nn.Parameter(rows r*n:(r+1)*n of full.weight, cloned); same for the bias (None if full.bias is None)
-        raise NotImplementedError('n = full.out_features // tp; self.weight = nn.Parameter(rows r*n:(r+1)*n of full.weight, cloned); same for the bias (None if full.bias is None)')
+        # TODO: Split a linear layer by output features across the TP group (column parallel).
+        # (run `dlo hint tp 2` for a hint)
+        raise NotImplementedError('Split a linear layer by output features across the TP group (column parallel). Run `dlo hint tp 2` for a hint.')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO: copy_to_region if self.copy_input; F.linear(x, self.weight, self.bias); gather_from_region if self.gather_output
-        raise NotImplementedError('copy_to_region if self.copy_input; F.linear(x, self.weight, self.bias); gather_from_region if self.gather_output')
+        # TODO: Split a linear layer by output features across the TP group (column parallel).
+        # (run `dlo hint tp 2` for a hint)
+        raise NotImplementedError('Split a linear layer by output features across the TP group (column parallel). Run `dlo hint tp 2` for a hint.')
 
 
 # ===================================================================================================
@@ -167,12 +177,14 @@ class RowParallelLinear(nn.Module):
         self.group = group
         tp, r = group_size(group), group_rank(group)
         _divisible("in_features", full.in_features, tp, "RowParallelLinear")
-        # TODO: self.weight = Parameter of columns r*n:(r+1)*n of full.weight (cloned); self.bias = the whole bias (cloned) or None
-        raise NotImplementedError('self.weight = Parameter of columns r*n:(r+1)*n of full.weight (cloned); self.bias = the whole bias (cloned) or None')
+        # TODO: Split a linear layer by input features across the TP group (row parallel).
+        # (run `dlo hint tp 3` for a hint)
+        raise NotImplementedError('Split a linear layer by input features across the TP group (row parallel). Run `dlo hint tp 3` for a hint.')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO: reduce_from_region(F.linear(x, self.weight), group), then + self.bias if there is one
-        raise NotImplementedError('reduce_from_region(F.linear(x, self.weight), group), then + self.bias if there is one')
+        # TODO: Split a linear layer by input features across the TP group (row parallel).
+        # (run `dlo hint tp 3` for a hint)
+        raise NotImplementedError('Split a linear layer by input features across the TP group (row parallel). Run `dlo hint tp 3` for a hint.')
 
 
 # ===================================================================================================
@@ -193,8 +205,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(full.weight.detach()[r * n:(r + 1) * n].clone())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        # TODO: outside = ids out of [vocab_start, vocab_end); local = (ids - vocab_start) with 0 where outside; F.embedding, zero the outside rows, reduce_from_region
-        raise NotImplementedError('outside = ids out of [vocab_start, vocab_end); local = (ids - vocab_start) with 0 where outside; F.embedding, zero the outside rows, reduce_from_region')
+        # TODO: Split the embedding table by vocabulary across the TP group.
+        # (run `dlo hint tp 4` for a hint)
+        raise NotImplementedError('Split the embedding table by vocabulary across the TP group. Run `dlo hint tp 4` for a hint.')
 
 
 # ===================================================================================================
@@ -208,12 +221,14 @@ class ParallelSwiGLU(nn.Module):
         super().__init__()
         self.group = group
         _divisible("intermediate_size", full.gate_proj.out_features, group_size(group), "ParallelSwiGLU")
-        # TODO: gate_proj / up_proj = ColumnParallelLinear(..., copy_input=False); down_proj = RowParallelLinear
-        raise NotImplementedError('gate_proj / up_proj = ColumnParallelLinear(..., copy_input=False); down_proj = RowParallelLinear')
+        # TODO: Parallelise the SwiGLU MLP with one all-reduce in the forward and one in the backward.
+        # (run `dlo hint tp 5` for a hint)
+        raise NotImplementedError('Parallelise the SwiGLU MLP with one all-reduce in the forward and one in the backward. Run `dlo hint tp 5` for a hint.')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # TODO: x = copy_to_region(x, group); return down(silu(gate(x)) * up(x))
-        raise NotImplementedError('x = copy_to_region(x, group); return down(silu(gate(x)) * up(x))')
+        # TODO: Parallelise the SwiGLU MLP with one all-reduce in the forward and one in the backward.
+        # (run `dlo hint tp 5` for a hint)
+        raise NotImplementedError('Parallelise the SwiGLU MLP with one all-reduce in the forward and one in the backward. Run `dlo hint tp 5` for a hint.')
 
 
 # ===================================================================================================
@@ -229,13 +244,15 @@ class ParallelAttention(nn.Module):
         super().__init__()
         self.group, self.head_dim = group, full.head_dim
         tp = group_size(group)
-        # TODO: check divisibility of both head counts; local head counts; q/k/v ColumnParallelLinear(copy_input=False), o RowParallelLinear
-        raise NotImplementedError('check divisibility of both head counts; local head counts; q/k/v ColumnParallelLinear(copy_input=False), o RowParallelLinear')
+        # TODO: Parallelise attention by heads, keeping grouped-query groups together, and refuse a split that does not divide the heads.
+        # (run `dlo hint tp 6` for a hint)
+        raise NotImplementedError('Parallelise attention by heads, keeping grouped-query groups together, and refuse a split that does not divide the heads. Run `dlo hint tp 6` for a hint.')
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        # TODO: f once; q/k/v as [b, local heads, s, head_dim]; apply_rotary; causal_attention; back to [b, s, local heads * head_dim]; o_proj
-        raise NotImplementedError('f once; q/k/v as [b, local heads, s, head_dim]; apply_rotary; causal_attention; back to [b, s, local heads * head_dim]; o_proj')
+        # TODO: Parallelise attention by heads, keeping grouped-query groups together, and refuse a split that does not divide the heads.
+        # (run `dlo hint tp 6` for a hint)
+        raise NotImplementedError('Parallelise attention by heads, keeping grouped-query groups together, and refuse a split that does not divide the heads. Run `dlo hint tp 6` for a hint.')
 
 
 # ===================================================================================================
@@ -264,13 +281,15 @@ class TPLlama(nn.Module):
     def __init__(self, full: Llama, group=None) -> None:
         super().__init__()
         self.cfg, self.group, self.rope_theta = full.cfg, group, full.rope_theta
-        # TODO: embed_tokens, layers (nn.ModuleList of TPDecoderBlock), norm, lm_head (+ tie when cfg.tie_embeddings)
-        raise NotImplementedError('embed_tokens, layers (nn.ModuleList of TPDecoderBlock), norm, lm_head (+ tie when cfg.tie_embeddings)')
+        # TODO: Assemble the whole tensor-parallel Llama from your parallel layers, keeping the model's parameter names.
+        # (run `dlo hint tp 7` for a hint)
+        raise NotImplementedError("Assemble the whole tensor-parallel Llama from your parallel layers, keeping the model's parameter names. Run `dlo hint tp 7` for a hint.")
 
     def local_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's slice [batch, seq, vocab/tp] of the logits."""
-        # TODO: embed; cos, sin = rotary_cos_sin(seq, cfg.head_dim, theta=self.rope_theta, device/dtype of x); the layers; lm_head(norm(x))
-        raise NotImplementedError('embed; cos, sin = rotary_cos_sin(seq, cfg.head_dim, theta=self.rope_theta, device/dtype of x); the layers; lm_head(norm(x))')
+        # TODO: Assemble the whole tensor-parallel Llama from your parallel layers, keeping the model's parameter names.
+        # (run `dlo hint tp 7` for a hint)
+        raise NotImplementedError("Assemble the whole tensor-parallel Llama from your parallel layers, keeping the model's parameter names. Run `dlo hint tp 7` for a hint.")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The full logits (gathered: [batch, seq, vocab] on every rank)."""
@@ -294,8 +313,9 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
     with op=dist.ReduceOp.MAX of the detached local max: no gradient needed through it). Both sums over
     the vocabulary are per-rank partial sums: add them up with reduce_from_region (one call on the stacked
     pair) so that autograd sends the gradient back to every rank's logits. Compute in float32."""
-    # TODO: local max -> all_reduce MAX; shift; sum of exp and the target logit (0 on ranks that do not own it); one reduce_from_region; mean over valid tokens
-    raise NotImplementedError('local max -> all_reduce MAX; shift; sum of exp and the target logit (0 on ranks that do not own it); one reduce_from_region; mean over valid tokens')
+    # TODO: Compute the cross-entropy from vocabulary-sharded logits without gathering them.
+    # (run `dlo hint tp 8` for a hint)
+    raise NotImplementedError('Compute the cross-entropy from vocabulary-sharded logits without gathering them. Run `dlo hint tp 8` for a hint.')
 
 
 # ===================================================================================================
@@ -305,15 +325,17 @@ def tp_group_ranks(world_size: int, tp: int) -> list[list[int]]:
     """The TP groups as lists of ranks: contiguous blocks [[0..tp-1], [tp..2tp-1], ...] (the ranks of one node
     are contiguous, and TP, which communicates at every layer, must stay inside a node). ValueError if tp
     does not divide world_size."""
-    # TODO: check world_size % tp, then [list(range(k*tp, (k+1)*tp)) for each block k]
-    raise NotImplementedError('check world_size % tp, then [list(range(k*tp, (k+1)*tp)) for each block k]')
+    # TODO: Build the tensor-parallel groups: contiguous blocks of ranks, every group created on every rank.
+    # (run `dlo hint tp 9` for a hint)
+    raise NotImplementedError('Build the tensor-parallel groups: contiguous blocks of ranks, every group created on every rank. Run `dlo hint tp 9` for a hint.')
 
 
 def make_tp_group(tp: int):
     """Create EVERY TP group with dist.new_group (every rank must call new_group for every group, in the
     same order, even for groups it is not in) and return this rank's group."""
-    # TODO: loop over tp_group_ranks(dist.get_world_size(), tp): g = dist.new_group(ranks); keep g where dist.get_rank() in ranks
-    raise NotImplementedError('loop over tp_group_ranks(dist.get_world_size(), tp): g = dist.new_group(ranks); keep g where dist.get_rank() in ranks')
+    # TODO: Build the tensor-parallel groups: contiguous blocks of ranks, every group created on every rank.
+    # (run `dlo hint tp 9` for a hint)
+    raise NotImplementedError('Build the tensor-parallel groups: contiguous blocks of ranks, every group created on every rank. Run `dlo hint tp 9` for a hint.')
 
 
 # ===================================================================================================
@@ -322,14 +344,16 @@ def make_tp_group(tp: int):
 def dp_group_ranks(world_size: int, tp: int, dp: int) -> list[list[int]]:
     """The DP groups: the ranks that hold the SAME TP slice, i.e. strided [[0, tp, 2tp, ...], [1, tp+1, ...]].
     Raise ValueError("tp × dp must equal the world size: ...") when tp * dp != world_size."""
-    # TODO: check tp * dp == world_size (clear message), then [list(range(i, world_size, tp)) for i in range(tp)]
-    raise NotImplementedError('check tp * dp == world_size (clear message), then [list(range(i, world_size, tp)) for i in range(tp)]')
+    # TODO: Build the data-parallel groups: ranks with the same TP position, strided across the TP blocks.
+    # (run `dlo hint tp 10` for a hint)
+    raise NotImplementedError('Build the data-parallel groups: ranks with the same TP position, strided across the TP blocks. Run `dlo hint tp 10` for a hint.')
 
 
 def make_dp_group(tp: int, dp: int):
     """Create every DP group (same rule as make_tp_group) and return this rank's."""
-    # TODO: like make_tp_group with dp_group_ranks(dist.get_world_size(), tp, dp)
-    raise NotImplementedError('like make_tp_group with dp_group_ranks(dist.get_world_size(), tp, dp)')
+    # TODO: Build the data-parallel groups: ranks with the same TP position, strided across the TP blocks.
+    # (run `dlo hint tp 10` for a hint)
+    raise NotImplementedError('Build the data-parallel groups: ranks with the same TP position, strided across the TP blocks. Run `dlo hint tp 10` for a hint.')
 
 
 # ===================================================================================================
@@ -338,22 +362,25 @@ def make_dp_group(tp: int, dp: int):
 def dp_loader(dataset, dp_rank: int, dp_size: int, batch_per_replica: int, *, seed: int = 0):
     """(DataLoader, DistributedSampler) giving DP replica ``dp_rank`` its shard. The ranks of one TP group
     must read the SAME batch: the sampler is indexed by the DP rank, not by the global rank."""
-    # TODO: DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed, drop_last=True); DataLoader(batch_size=batch_per_replica, sampler=...)
-    raise NotImplementedError('DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=seed, drop_last=True); DataLoader(batch_size=batch_per_replica, sampler=...)')
+    # TODO: Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.
+    # (run `dlo hint tp 11` for a hint)
+    raise NotImplementedError('Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only. Run `dlo hint tp 11` for a hint.')
 
 
 def average_gradients(model: nn.Module, dp_group) -> None:
     """Average every gradient over the DP group (what DDP(process_group=dp_group) would do); count the
     collectives with phase="dp". With one DP replica, nothing to do."""
-    # TODO: for each p.grad: p.grad.copy_(all_reduce(p.grad, dp_group, phase="dp") / group_size(dp_group))
-    raise NotImplementedError('for each p.grad: p.grad.copy_(all_reduce(p.grad, dp_group, phase="dp") / group_size(dp_group))')
+    # TODO: Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.
+    # (run `dlo hint tp 11` for a hint)
+    raise NotImplementedError('Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only. Run `dlo hint tp 11` for a hint.')
 
 
 def reduce_over_dp(loss_sum: torch.Tensor, count: torch.Tensor, dp_group) -> float:
     """Validation loss over the whole validation set: sums over the DP group only (the ranks of a TP group
     computed the SAME numbers; summing over the world would count them tp times), then divide."""
-    # TODO: total = all_reduce(torch.stack([loss_sum, count]).double(), dp_group, phase="metrics"); return total[0] / total[1]
-    raise NotImplementedError('total = all_reduce(torch.stack([loss_sum, count]).double(), dp_group, phase="metrics"); return total[0] / total[1]')
+    # TODO: Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.
+    # (run `dlo hint tp 11` for a hint)
+    raise NotImplementedError('Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only. Run `dlo hint tp 11` for a hint.')
 
 
 # ===================================================================================================
