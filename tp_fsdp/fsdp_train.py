@@ -27,7 +27,7 @@ from torch import nn
 
 import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
 from dlo.data import tokens
-from dlo.runtime import expand_runs, init_distributed, pick_device, teardown, write_record
+from dlo.runtime import exit_after_success, expand_runs, init_distributed, pick_device, teardown, write_record
 from dlo.measure.memory import GB, count_parameters, per_gpu_memory
 from dlo.parallel import fsdp as ref
 
@@ -333,3 +333,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_success()  # DeepSpeed's globals can abort a finished rank at interpreter exit

@@ -10,7 +10,7 @@ import torch
 
 import dlo  # noqa: F401
 from dlo.data import tokens
-from dlo.runtime import init_distributed, teardown, write_record
+from dlo.runtime import exit_after_success, init_distributed, teardown, write_record
 from dlo.parallel import fsdp
 
 STEPS, GLOBAL_BATCH, SEQ, LR = 3, 4, 32, 3e-3
@@ -83,3 +83,4 @@ try:
         write_record(rec)
 finally:
     teardown()
+exit_after_success()  # every case done and recorded: DeepSpeed's globals must not abort a rank at interpreter exit

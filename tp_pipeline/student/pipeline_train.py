@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 import dlo  # noqa: F401
-from dlo.runtime import init_distributed, teardown, write_record
+from dlo.runtime import exit_after_success, init_distributed, teardown, write_record
 from dlo.models.llama import Llama, lm_loss, token_batch
 from dlo.models.config import TransformerConfig
 from dlo.parallel.pipeline import (Pipe, bubble_fraction, bubble_theory, build_chunks, build_stage, check_world_size,
@@ -328,3 +328,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    exit_after_success()  # DeepSpeed's globals can abort a finished rank at interpreter exit

@@ -9,7 +9,7 @@ from .context import (
     DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT, DistContext, dist_context, expand_nodelist, rank_and_world,
     is_main_process,
 )
-from .distributed import init_distributed, teardown, distributed, free_port
+from .distributed import init_distributed, teardown, exit_after_success, distributed, free_port
 from .records import RECORDS_ENV, write_record, read_records
 from .launch import LaunchError, build_launch_command, expand_runs, launch
 from .errors import first_line
@@ -30,6 +30,7 @@ __all__ = [
     "is_main_process",
     "init_distributed",
     "teardown",
+    "exit_after_success",
     "distributed",
     "free_port",
     "RECORDS_ENV",

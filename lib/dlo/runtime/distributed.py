@@ -148,6 +148,21 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def exit_after_success(code: int = 0) -> None:
+    """End a finished rank now: destroy the process group, flush, and leave without Python's finalizers.
+
+    A script whose work is done and whose records are written can still die at exit: DeepSpeed keeps process
+    groups and threads in module globals, and the interpreter destroys them in no set order after the default
+    group; a rank then aborts ("terminate called without an active exception", SIGABRT) and the launcher reports
+    the whole run as failed. Call it last, after a successful ``main()``; an exception must still propagate."""
+    import sys
+
+    teardown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 @contextlib.contextmanager
 def distributed(backend: str | None = None, device: str | None = None, timeout_s: float = 600) -> Iterator[DistContext]:
     """``with distributed() as ctx:`` = :func:`init_distributed` on entry, :func:`teardown` on exit.

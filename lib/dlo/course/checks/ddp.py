@@ -234,7 +234,12 @@ def _check_checkpoint(save_on_main: Callable) -> str:
             wrapped = DDP(model)
             out = save_on_main(fake_context(0, 1), path, wrapped, opt, 1)
         expect(path.is_file(), "rank 0 must write the checkpoint at `path`")
-        state: Any = torch.load(path, map_location="cpu", weights_only=False)
+        try:  # a checkpoint holds tensors and plain values: loaded safely, as the course loads every file
+            state: Any = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 -- any unreadable file is the student's mistake, said in one line
+            raise CheckFailed(f"the checkpoint at `path` does not load with torch.load(weights_only=True) "
+                              f"({type(exc).__name__}): save tensors and plain values, e.g. with "
+                              "dlo.training.checkpoint.save_checkpoint") from None
         weights = state.get("model", state) if isinstance(state, dict) else None
         expect(isinstance(weights, dict) and not any(k.startswith("module.") for k in weights),
                 "save the unwrapped model (keys without 'module.'): use dlo.training.checkpoint.save_checkpoint, which unwraps DDP")
