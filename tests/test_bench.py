@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
-from dlo.measure import bench
+from dlo.measure import bench, verdicts
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_warmup_goes_on_until_the_last_calls_agree():
     assert m.warmup == 10 and m.steady is True
     assert m.warmup_times_s == durations[:10]
     assert m.times_s == durations[10:15] and len(calls) == 15
-    assert bench.unsteady_reason(m) is None and "steady" in str(m)
+    assert verdicts.unsteady_reason(m) is None and "steady" in str(m)
 
 
 def test_a_slow_plateau_that_passes_the_warm_up_is_caught_by_the_spread_of_the_repeats():
@@ -267,7 +267,7 @@ def test_a_slow_plateau_that_passes_the_warm_up_is_caught_by_the_spread_of_the_r
     m = bench.measure("plateau", scripted([3.5, 3.6, 3.4] + ISSUE_BASELINE), items_per_call=8, timer=run,
                       warmup=bench.Warmup(), repeats=5, track_memory=False, progress=False)
     assert m.steady is True and m.times_s == ISSUE_BASELINE
-    assert "spread over 106% of their median" in bench.unsteady_reason(m)
+    assert "spread over 106% of their median" in verdicts.unsteady_reason(m)
 
 
 def test_warmup_stops_at_its_caps_and_says_not_steady():
@@ -330,18 +330,19 @@ def test_interleaving_shares_a_drift_between_the_candidates():
     a = bench.measure("A", same_work, **opts)
     b = bench.measure("B", same_work, **opts)
     assert a.times_s == [1.0] * 10 and b.times_s == [1.15] * 10  # the drift, all of it blamed on B
-    assert bench.compare_sentence(a, b).startswith("A is 1.1x faster than B")
+    assert verdicts.compare_sentence(a, b).startswith("A is 1.1x faster than B")
     machine["calls"] = 0
     ms = bench.measure_interleaved({"A": same_work, "B": same_work}, **opts)
     assert ms["A"].times_s == ms["B"].times_s == [1.0] * 5 + [1.15] * 5
-    assert bench.compare_sentence(ms["A"], ms["B"]) == (
+    assert verdicts.compare_sentence(ms["A"], ms["B"]) == (
         "A against B: no measurable difference on this machine (within the noise: 0.93 vs 0.93 img/s, medians).")
 
 
 @pytest.mark.parametrize("ratio, text", [(34.9, "35x"), (3.64, "3.6x"), (0.2, "0.20x"), (0.0123, "0.012x"),
-                                         (1.0, "1.0x"), (9.96, "10x"), (123.0, "120x"), (0.999, "1.0x")])
+                                         (1.0, "1.0x"), (9.96, "10x"), (123.0, "120x"), (0.999, "1.0x"),
+                                         (1.04, "1.04x"), (0.96, "0.96x"), (1.004, "1.0x"), (1.096, "1.1x")])
 def test_format_ratio_keeps_two_significant_digits(ratio, text):
-    assert bench.format_ratio(ratio) == text
+    assert verdicts.format_ratio(ratio) == text
 
 
 def tight(name, seconds, items=8, steady=True):
@@ -352,38 +353,38 @@ def tight(name, seconds, items=8, steady=True):
 
 def test_compare_sentence_says_what_was_measured():
     fast, slow = tight("no .item()", 8 / 53.8), tight(".item() every step", 8 / 15.0)
-    assert bench.compare_sentence(fast, slow) == (
+    assert verdicts.compare_sentence(fast, slow) == (
         "no .item() is 3.6x faster than .item() every step on this machine (53.8 vs 15 img/s, medians; "
         "the noise bands do not overlap).")
-    assert bench.compare_sentence(slow, fast).startswith(".item() every step is slower than no .item() on this "
+    assert verdicts.compare_sentence(slow, fast).startswith(".item() every step is slower than no .item() on this "
                                                          "machine: 0.28x its throughput")
     close_a = bench.Measurement(name="a", times_s=[1.0, 1.1, 1.2, 1.05, 1.15], items_per_call=1)
     close_b = bench.Measurement(name="b", times_s=[0.95, 1.0, 1.1, 1.05, 1.02], items_per_call=1)
-    assert bench.compare_sentence(close_b, close_a) == (
+    assert verdicts.compare_sentence(close_b, close_a) == (
         "b against a: no measurable difference on this machine (within the noise: 0.98 vs 0.909 img/s, medians).")
     # records (as read back from results.json) give the same sentence as the measurements
-    assert bench.compare_sentence(fast.to_record(), slow.to_record()) == bench.compare_sentence(fast, slow)
+    assert verdicts.compare_sentence(fast.to_record(), slow.to_record()) == verdicts.compare_sentence(fast, slow)
 
 
 def test_no_ratio_from_a_baseline_that_is_not_steady():
     """The issue's headline: 34.9x over a baseline whose repeats were still warming up."""
     baseline = bench.Measurement(name="baseline", times_s=ISSUE_BASELINE, items_per_call=8, steady=True)
     final = tight("final", 2.59 / 34.9)
-    assert bench.unsteady_reason(baseline).startswith("the repeats of baseline spread over")
-    sentence = bench.compare_sentence(final, baseline)
+    assert verdicts.unsteady_reason(baseline).startswith("the repeats of baseline spread over")
+    sentence = verdicts.compare_sentence(final, baseline)
     assert sentence.startswith("No ratio reported for final against baseline: the repeats of baseline spread")
     assert "x faster" not in sentence
     not_settled = tight("warm", 1.0, steady=False)
-    assert bench.unsteady_reason(not_settled) == "the warm-up of warm did not reach steady timings"
-    assert bench.compare_sentence(final, not_settled).startswith("No ratio reported")
+    assert verdicts.unsteady_reason(not_settled) == "the warm-up of warm did not reach steady timings"
+    assert verdicts.compare_sentence(final, not_settled).startswith("No ratio reported")
 
 
 def test_break_even_sentence():
     eager, compiled = tight("eager", 1.0), tight("compiled", 0.5)
-    assert bench.break_even_sentence(compiled, eager, 30.0) == (
+    assert verdicts.break_even_sentence(compiled, eager, 30.0) == (
         "compiled is 2.0x faster than eager: its first call (30.0 s, compilation included) is paid back after "
         "about 60 steps.")
-    assert "does not pay off here" in bench.break_even_sentence(tight("compiled", 1.0), eager, 30.0)
+    assert "does not pay off here" in verdicts.break_even_sentence(tight("compiled", 1.0), eager, 30.0)
 
 
 def contradictions():
@@ -401,7 +402,7 @@ def contradictions():
 
 
 def test_check_conclusions_catches_the_two_contradictions(tmp_path):
-    problems = bench.check_conclusions(contradictions())
+    problems = verdicts.check_conclusions(contradictions())
     assert len(problems) == 2
     assert "3.6x faster" in problems[0] and "No ratio reported" in problems[1]
 
@@ -409,17 +410,17 @@ def test_check_conclusions_catches_the_two_contradictions(tmp_path):
 def test_conclusions_written_by_conclude_survive_results_json(tmp_path):
     results = {}
     a, b = tight("after", 0.1), tight("before", 0.4)
-    said = bench.conclude(results, a, b)
+    said = verdicts.conclude(results, a, b)
     assert said.startswith("after is 4.0x faster than before on this machine")
-    bench.conclude(results, tight("compiled", 0.2), b, kind="break_even", compile_seconds=12.0)
-    bench.conclude(results, a, b, a_label="the final configuration", b_label="the baseline")
+    verdicts.conclude(results, tight("compiled", 0.2), b, kind="break_even", compile_seconds=12.0)
+    verdicts.conclude(results, a, b, a_label="the final configuration", b_label="the baseline")
     loaded = bench.load_json(bench.save_json(results, tmp_path / "results.json"))
     assert [c["kind"] for c in loaded["conclusions"]] == ["compare", "break_even", "compare"]
-    assert bench.check_conclusions(loaded) == []
+    assert verdicts.check_conclusions(loaded) == []
     loaded["conclusions"][0]["b"]["times_s"] = [0.1] * 5  # the numbers no longer say "4.0x faster"
-    assert len(bench.check_conclusions(loaded)) == 1
+    assert len(verdicts.check_conclusions(loaded)) == 1
     with pytest.raises(ValueError, match="unknown conclusion kind"):
-        bench.conclude(results, a, b, kind="nope")
+        verdicts.conclude(results, a, b, kind="nope")
 
 
 def _jour1_results():
@@ -437,19 +438,19 @@ def test_jour1_conclusions_match_their_numbers(path):
     if "conclusions" not in results:
         pytest.skip(f"{path} was written before Jour 1 recorded its conclusions")
     assert results["conclusions"], f"{path}: Jour 1 recorded no conclusion"
-    assert bench.check_conclusions(results) == []
+    assert verdicts.check_conclusions(results) == []
 
 
 def test_jour1_states_measured_outcomes_only_through_the_helpers():
     """The old prose ("The `.item()` row shows no difference on a CPU") is gone; Jour 1 records its
-    conclusions with bench.conclude and checks them before saving results.json."""
+    conclusions with verdicts.conclude and checks them before saving results.json."""
     from dlo.runtime.paths import ROOT
 
     nb = json.loads((ROOT / "Jour1" / "jour1.ipynb").read_text())
     text = "\n".join("".join(c["source"]) for c in nb["cells"])
     assert "shows no difference" not in text
-    assert text.count("bench.conclude(") >= 4
-    assert "bench.check_conclusions(results)" in text
+    assert text.count("verdicts.conclude(") >= 4
+    assert "verdicts.check_conclusions(results)" in text
 
 
 # --------------------------------------------------------------------------------------------------

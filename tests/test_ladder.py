@@ -1,7 +1,8 @@
-"""dlo.measure.bench.Ladder: a step is kept only if it beats the fastest configuration so far."""
+"""dlo.measure.verdicts.Ladder: a step is kept only if it beats the fastest configuration so far."""
 import pytest
 
-from dlo.measure.bench import Ladder, Measurement
+from dlo.measure.bench import Measurement
+from dlo.measure.verdicts import Ladder
 
 
 def m(name, seconds, items=10):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from dlo.measure.bench import format_ratio
+from dlo.measure.verdicts import format_ratio
 
 
 def _save(fig, path: str | Path | None):
@@ -23,7 +23,7 @@ def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "i
     throughput at the slow and fast quartiles of the repeats), labelled with the throughput, the speed-up
     over the baseline and the ladder's decision ("kept", "not faster beyond noise", ...).
 
-    The speed-up is the text of column ``ratio`` when the table has one (a :class:`dlo.measure.bench.Ladder`
+    The speed-up is the text of column ``ratio`` when the table has one (a :class:`dlo.measure.verdicts.Ladder`
     table: it says so when the baseline is not steady), else computed over the first row (or the row
     named ``baseline``) and written with 2 significant digits. Columns named but absent are skipped."""
     names = list(df[label])
