@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from dlo.parallel.p2p_replay import DryRunPipe, P2POp, record, replay, replay_schedule
-from dlo.parallel.pipeline import _backward, _forward, interleaved_actions, train_step
+from dlo.parallel.pipeline import interleaved_actions, train_step
+from dlo.parallel.pipeline.schedules import _backward, _forward
 
 STAGES = range(2, 9)
 

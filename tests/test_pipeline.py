@@ -222,7 +222,7 @@ def test_checkers_report_a_wrong_schedule():
     with pytest.raises(checks.CheckFailed, match="every micro-batch needs a forward and a backward"):
         checks.check("pipeline", "naive", naive_step=forgets_backward)
 
-    from dlo.parallel.pipeline import _backward, _forward
+    from dlo.parallel.pipeline.schedules import _backward, _forward
 
     def per_action_interleaved(pipe):  # the right computes, but each with its own transfers
         for kind, mb, c in interleaved_actions(pipe.rank, pipe.world_size, pipe.micro_batches, len(pipe.chunks)):
