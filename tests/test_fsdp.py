@@ -140,5 +140,30 @@ def test_from_pretrained_local_folder(tmp_path):
 
 
 def test_throughput_and_mfu_on_cpu_is_none():
-    out = fsdp.throughput(fsdp.SMOKE_LLAMA, 32, 4, 0.1, "cpu")
+    out = fsdp.throughput(fsdp.SMOKE_LLAMA, 32, 4, 0.1, "cpu", precision="fp32")
     assert out["tokens_per_s"] == pytest.approx(1280) and out["mfu"] is None
+
+
+@pytest.mark.parametrize("precision, peak_tflops", [("fp32", 67.0), ("bf16", 989.0), ("bf16-reduce-bf16", 989.0)])
+def test_mfu_divides_by_the_peak_of_the_precision_the_step_computes_in(precision, peak_tflops):
+    # an fp32 run on an H100 is measured against 67 TFLOP/s, not bf16's 989 (an MFU 15x too low)
+    name, n_gpus = "NVIDIA H100 80GB HBM3", 2
+    out = fsdp.throughput(fsdp.SMOKE_LLAMA, 32, 4, 0.1, "cpu", n_gpus, precision=precision, gpu_name=name)
+    assert out["peak_precision"] == ("fp32" if precision == "fp32" else "bf16")
+    assert out["peak_flops"] == n_gpus * peak_tflops * 1e12
+    assert out["mfu"] == pytest.approx(out["tokens_per_s"] * out["flops_per_token"] / (n_gpus * peak_tflops * 1e12))
+
+
+def test_compute_precision_of_an_fp32_run_is_tf32_only_when_switched_on():
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert fsdp.compute_precision("fp32", "cpu") == "fp32"
+        assert fsdp.compute_precision("fp32", "cuda") == "fp32"  # TF32 off (the default) for matmuls
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert fsdp.compute_precision("fp32", "cuda") == "tf32"
+        assert fsdp.compute_precision("fp32", "cpu") == "fp32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    with pytest.raises(ValueError, match="unknown precision"):
+        fsdp.compute_precision("fp8", "cpu")

@@ -213,8 +213,9 @@ def run(args, ctx, device, dataset, name: str) -> dict:
         out = ref.train_steps(model, optimizer, data, args.steps, device=device, engine=engine,
                               warmup=args.warmup_steps)
         record.update(out, status="ok", peak_memory_gb=out["peak_memory_bytes"] / GB)
+        # MFU against the peak of the precision the step computes in (fp32 or bf16), not always bf16's
         record.update(ref.throughput(cfg, args.seq_len, args.global_batch, out["median_step_s"], device,
-                                     ctx.world_size if device.type == "cuda" else 1))
+                                     ctx.world_size if device.type == "cuda" else 1, precision=args.precision))
         if args.resume_check:
             record.update(resume_check(args, ctx, device, dataset, cfg, out["losses"]))
     except torch.OutOfMemoryError as exc:  # what the calculator predicted: report it, go on with the next run

@@ -18,7 +18,8 @@ This module holds the pieces the workshop script (``tp_fsdp/fsdp_train.py``) is 
 * wrapping: :func:`wrap_ddp`, :func:`apply_fsdp`, :func:`mixed_precision`, :func:`offload_policy`,
   :func:`apply_activation_checkpointing`, :func:`compile_layers`;
 * training: :func:`lm_loss`, :func:`batches`, :func:`train_steps` (timed steps, peak memory, losses),
-  :func:`throughput` (tokens/s and MFU through :mod:`dlo.measure.flops`);
+  :func:`throughput` (tokens/s and MFU through :mod:`dlo.measure.flops`, against the peak of the precision
+  the step computes in, :func:`compute_precision`);
 * sharded checkpoints: :func:`save_sharded`, :func:`load_sharded` (``torch.distributed.checkpoint``);
 * DeepSpeed ZeRO: :func:`deepspeed_config`, :func:`deepspeed_initialize`.
 """
@@ -47,8 +48,8 @@ from dlo.parallel.ddp import ddp_wrap
 
 __all__ = ["SMOKE_LLAMA", "MODEL_CONFIGS", "model_config", "build_llama", "decoder_layers", "lm_loss", "wrap_ddp",
            "PRECISIONS", "mixed_precision", "offload_policy", "apply_activation_checkpointing", "compile_layers",
-           "apply_fsdp", "is_resharded_after_forward", "batches", "train_steps", "throughput", "save_sharded",
-           "load_sharded", "deepspeed_config", "deepspeed_initialize", "full_gradients", "memory_precision"]
+           "apply_fsdp", "is_resharded_after_forward", "batches", "train_steps", "compute_precision", "throughput",
+           "save_sharded", "load_sharded", "deepspeed_config", "deepspeed_initialize", "full_gradients", "memory_precision"]
 
 #: The smoke model: a 2-layer Llama (GQA, SwiGLU, tied embeddings like Llama 3.2) of ~0.1 M parameters,
 #: small enough for a few CPU training steps per second on 2 gloo processes.
@@ -257,16 +258,39 @@ class _Null:
         return None
 
 
+def compute_precision(precision: str, device: torch.device | str) -> str:
+    """The precision the step's matmuls run in, as :func:`dlo.measure.flops.precision_name` spells it, for a
+    run in ``precision`` (one of :data:`PRECISIONS`): ``"bf16"`` for the bf16 policies, and for ``"fp32"``
+    ``"tf32"`` when TF32 Tensor Cores are switched on for matmuls on a GPU
+    (``torch.backends.cuda.matmul.allow_tf32``), else ``"fp32"``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision != "fp32":
+        return "bf16"
+    tf32 = torch.device(device).type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if tf32 else "fp32"
+
+
 def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_step_s: float,
-               device: torch.device | str, n_devices: int = 1) -> dict[str, Any]:
-    """tokens/s of the whole run and MFU (``dlo.measure.flops``: ``6N + 12·L·H·S``, non-embedding N) per GPU;
-    MFU is None on a CPU or an unknown GPU (no reference peak)."""
+               device: torch.device | str, n_devices: int = 1, *, precision: str,
+               gpu_name: str | None = None) -> dict[str, Any]:
+    """tokens/s of the whole run and MFU (``dlo.measure.flops``: ``6N + 12·L·H·S``, non-embedding N) per GPU.
+
+    The MFU divides by the peak of the precision the step computes in (:func:`compute_precision` of
+    ``precision``, one of :data:`PRECISIONS`): an fp32 run on an H100 is measured against 67 TFLOP/s, not
+    the 989 of bf16, which would report an MFU 15x too low. ``gpu_name``: the name as
+    ``torch.cuda.get_device_name`` reports it (default: read from ``device`` when it is a GPU). MFU is None
+    on a CPU or an unknown GPU (no reference peak)."""
 
     device = torch.device(device)
     tokens_per_s = global_batch * seq_len / median_step_s
     fpt = flops_per_token(cfg, seq_len)
-    spec = gpu_peak(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    peak_precision = compute_precision(precision, device)
+    if gpu_name is None and device.type == "cuda":
+        gpu_name = torch.cuda.get_device_name(device)
+    spec = gpu_peak(gpu_name, dtype=peak_precision)
     return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "gpu": spec.name if spec else None,
+            "peak_precision": peak_precision, "peak_flops": n_devices * spec.peak_flops if spec else None,
             "mfu": mfu(tokens_per_s, fpt, n_devices * spec.peak_flops) if spec else None}
 
 
