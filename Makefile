@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PROFILE ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: all install run test test-fast test-browser student check-student lab clean distclean help
+.PHONY: all install run test test-fast test-browser gpu-check student check-student lab clean distclean help
 
 all: help
 
@@ -21,6 +21,7 @@ help:
 	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
 	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
 	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
+	@echo "make gpu-check - on a GPU node: every full-profile benchmark against its target -> results/"
 	@echo "make student  - regenerate the student notebooks from the sources"
 	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
 	@echo "make clean    - remove runs/ and caches (keeps .venv)"
@@ -64,6 +65,12 @@ PLAYWRIGHT ?= playwright==1.65.2
 test-browser: $(STAMP)
 	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "$(PLAYWRIGHT)"
 	DLO_BROWSER_TEST=1 $(VENV)/bin/python -m pytest tests/test_browser.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+# Every full-profile benchmark on this GPU node (results/README.md). It runs with whatever Python has torch: the
+# venv when there is one, else $(PYTHON) (a cluster module), so that no pip install is needed on the node.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR)/lib $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m dlo gpu-check $(GPU_CHECK_ARGS)
 
 student: $(STAMP)
 	$(VENV)/bin/dlo student

@@ -10,6 +10,8 @@
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
     dlo slurm TEMPLATE [options]                                      render an sbatch script
+    dlo gpu-check [--dry-run] [--only NAME ...] [--skip NAME ...]    every full-profile benchmark, judged
+                                              against its target (results/gpu-check-<gpu>-<date>.json)
     dlo train | race | mix-bench | hpo worker [options]               one layer's command (its own --help)
 
 ``python -m dlo ...`` is the same command without the console script.
@@ -127,6 +129,15 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gpu_check(args: argparse.Namespace) -> int:
+    from dlo.course.gpu_check import format_table, run_checks
+
+    payload = run_checks(dry_run=args.dry_run, only=args.only, skip=args.skip, out_path=args.out)
+    print(format_table(payload["results"]))
+    print(f"wrote {payload['path']}" + ("" if args.dry_run else ": commit it under results/"))
+    return 1 if any(r["verdict"].startswith("failed") for r in payload["results"]) else 0
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors in one line (``dlo run: error: ... (see dlo run --help)``), exit code 2."""
 
@@ -178,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--data-dir", default=None)
     d.add_argument("--generated", action="store_true")
     d.set_defaults(func=_cmd_data)
+
+    g = sub.add_parser("gpu-check", help="every full-profile benchmark on this GPU node, judged against its target")
+    g.add_argument("--dry-run", action="store_true",
+                   help="the same commands on the CPU at smoke size (targets not judged); what CI runs")
+    g.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run these benchmarks only")
+    g.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave these benchmarks out")
+    g.add_argument("--out", default=None, help="the JSON file (default results/gpu-check-<gpu>-<date>.json; "
+                                               "runs/gpu-check/ for a dry run)")
+    g.set_defaults(func=_cmd_gpu_check)
 
     # Commands that belong to one layer each; they parse their own options (`dlo train --help`). They need only
     # torch and torchvision, so `python -m dlo train ...` runs where Jupyter is not installed (a GPU node).
