@@ -613,3 +613,55 @@ def test_ray_folder_and_token_are_private_from_the_start(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as if another user had made it
     with pytest.raises(PermissionError, match="belongs to another user"):
         private_dir(tmp_path / "ray")
+
+
+# --------------------------------------------------------------------------------------------------
+# Trials are scored on validation images held out of the TRAINING split; the test split is for the final report
+# --------------------------------------------------------------------------------------------------
+
+def _rows_in(x, pool):
+    """For each image of ``x``, its index in ``pool`` (exact equality), or None when it is not there."""
+    flat_pool = pool.flatten(1)
+    out = []
+    for row in x.flatten(1):
+        hits = (flat_pool == row).all(dim=1).nonzero().flatten().tolist()
+        out.append(hits[0] if hits else None)
+    return out
+
+
+def test_trial_data_come_from_the_training_split_only(tmp_path):
+    from dlo import data
+
+    data.make_generated_cifar10(tmp_path, 200, 60, seed=3)
+    trial = hpo.load_cifar_tensors(40, 20, tmp_path, verbose=False)
+    assert sorted(trial) == sorted(hpo.TRIAL_KEYS)
+    train = data.cifar10("train", tmp_path, data.test_transform(), verbose=False)
+    test = data.cifar10("test", tmp_path, data.test_transform(), verbose=False)
+    train_x = torch.stack([train[i][0] for i in range(len(train))])
+    test_x = torch.stack([test[i][0] for i in range(len(test))])
+    train_idx, val_idx = data.split_indices(200, 20)
+    assert _rows_in(trial["x_val"], train_x) == val_idx  # the held-out images of the training split...
+    assert _rows_in(trial["x_train"], train_x) == train_idx[:40]  # ... never trained on
+    assert not set(val_idx) & set(train_idx[:40])
+    assert _rows_in(torch.cat([trial["x_train"], trial["x_val"]]), test_x) == [None] * 60  # no test image
+    assert trial["y_val"].tolist() == [train.targets[i] for i in val_idx]
+    final = hpo.load_cifar_test_tensors(30, tmp_path, n_train=40, n_val=20)
+    assert _rows_in(final["x_test"], test_x) == list(range(30))
+
+
+def test_a_trial_never_sees_a_test_sample(tiny_data):
+    """Every image the model is run on during a trial (training and scoring) is a training-split image."""
+    gen = torch.Generator().manual_seed(7)
+    x_test = torch.randn(16, 3, 32, 32, generator=gen) + 5.0
+    with pytest.raises(ValueError, match="a trial gets only x_train, y_train, x_val, y_val"):
+        hpo.Trainer({"lr": 0.1}, {**tiny_data, "x_test": x_test, "y_test": torch.zeros(16, dtype=torch.long)})
+    trainer = hpo.Trainer({"lr": 0.05}, tiny_data, arch="mlp", width=8, batch_size=16)
+    seen = []
+    trainer.model.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    trainer.train_epoch()
+    allowed = torch.cat([tiny_data["x_train"], tiny_data["x_val"]])
+    inputs = torch.cat(seen)
+    assert len(inputs) == 64 + 32  # one epoch of training images, then the validation images once
+    assert None not in _rows_in(inputs, allowed)
+    assert _rows_in(inputs, x_test) == [None] * len(inputs)
+    assert 0.0 <= trainer.accuracy(x_test, torch.zeros(16, dtype=torch.long)) <= 1.0  # the final report, by hand

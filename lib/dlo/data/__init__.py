@@ -1,4 +1,5 @@
-"""Layer 2, data: CIFAR-10 (the real files, or generated ones in the same format, always saying which),
+"""Layer 2, data: CIFAR-10 (the real files, or generated ones in the same format, always saying which), a
+validation set held out of the training split (``splits``: every choice is scored there, never on the test split),
 transforms and DataLoaders with every knob, token streams for the LLM workshops, MixUp/CutMix kernels.
 """
 from __future__ import annotations
@@ -8,6 +9,7 @@ from .format import (
 )
 from .cifar import SEARCH_LAYOUTS, find_cifar10, cifar10
 from .generated import read_generated_marker, make_generated_cifar10, generated_cache_root, GeneratedCIFAR10
+from .splits import DEFAULT_VAL_FRACTION, SPLIT_SEED, split_indices, HeldOut, holdout, cifar10_train_val
 from .loaders import (
     train_transform, test_transform, available_cores, make_loader, preload_batches, synthetic_batch, Batches,
 )
@@ -28,6 +30,12 @@ __all__ = [
     "make_generated_cifar10",
     "generated_cache_root",
     "GeneratedCIFAR10",
+    "DEFAULT_VAL_FRACTION",
+    "SPLIT_SEED",
+    "split_indices",
+    "HeldOut",
+    "holdout",
+    "cifar10_train_val",
     "train_transform",
     "test_transform",
     "available_cores",

@@ -12,7 +12,7 @@ from .journal import (
     JournalPathError, LOCK_GRACE_S, journal_storage, fail_dead_trials, run_worker, launch_workers, study_summary,
     main,
 )
-from .trainer import load_cifar_tensors, HPARAMS, Trainer
+from .trainer import TRIAL_KEYS, load_cifar_tensors, load_cifar_test_tensors, HPARAMS, Trainer
 from .ray import (
     ray_temp_dir, private_dir, private_token, ray_start, tune_progress, pbt_mutations, KeepInSpace, pbt_scheduler,
     pbt_exploits, ray_summary,
@@ -43,7 +43,9 @@ __all__ = [
     "launch_workers",
     "study_summary",
     "main",
+    "TRIAL_KEYS",
     "load_cifar_tensors",
+    "load_cifar_test_tensors",
     "HPARAMS",
     "Trainer",
     "ray_temp_dir",
