@@ -287,3 +287,56 @@ def test_command_line(tmp_path, capsys):
 def test_gpu_only_options_are_refused_on_a_cpu():
     with pytest.raises(ValueError, match="cudnn_benchmark=True needs a CUDA GPU"):
         run(TINY.replace(cudnn_benchmark=True))
+
+
+# ---------------------------------------------------------------------------------------------- fair leaderboard
+
+def _attempt(name, reached_at, n_test, data="real CIFAR-10", hardware="NVIDIA H100 80GB HBM3", target=0.94):
+    return {**_entry(name, reached_at, 0.95 if reached_at else 0.5, target=target, data=data),
+            "n_test": n_test, "hardware": hardware, "versions": {"torch": "2.13.0"}}
+
+
+def test_a_race_records_what_makes_attempts_comparable():
+    rec = run(target=0.01)
+    assert rec["n_test"] == DATA["n_test"] and rec["data"] == "generated"
+    assert rec["hardware"].startswith("CPU: ") and rec["versions"]["torch"] == torch.__version__
+    assert board.standing(rec) == ("practice", "generated data, not real CIFAR-10")
+    assert "practice board (generated data" in race.summary_line(rec)
+
+
+def test_leaderboard_ranks_only_comparable_attempts():
+    entries = [_attempt("20 images, lucky", 1.0, 20), _attempt("500 images", 3.0, 500),
+               _attempt("whole test set", 5.0, 10000), _attempt("whole test set, slower", 6.0, 10000),
+               _attempt("whole test set, other GPU", 2.0, 10000, hardware="NVIDIA A100-SXM4-40GB"),
+               _attempt("generated", 0.5, 10000, data="generated")]
+    table = board.leaderboard(entries, target=0.94)
+    official = table[table["board"] == "official"]
+    assert set(official["name"]) == {"whole test set", "whole test set, slower", "whole test set, other GPU"}
+    h100 = official[official["hardware"] == "NVIDIA H100 80GB HBM3"]
+    assert list(h100["name"]) == ["whole test set", "whole test set, slower"] and list(h100.index) == [1, 2]
+    # the A100 attempt is faster, but on other hardware: first of its own group, not first of the H100's
+    assert list(official[official["hardware"] != "NVIDIA H100 80GB HBM3"].index) == [1]
+    practice = table[table["board"] == "practice"]
+    assert sorted(practice["name"]) == ["20 images, lucky", "500 images", "generated"]
+    assert practice["group"].nunique() == 3 and list(practice.index) == [1, 1, 1]  # never ranked against each other
+    why = dict(zip(table["name"], table["why"]))
+    assert why["20 images, lucky"].startswith("evaluated on 20 test images, not the whole 10,000")
+    assert why["whole test set"] == ""
+    groups = board.boards(entries)
+    assert list(groups)[0].startswith("official · real CIFAR-10, 10,000 test images")
+    assert len(groups) == 5
+    assert list(board.leaderboard(entries, board="official")["name"])[:1] == ["whole test set, other GPU"]
+    with pytest.raises(ValueError, match="board must be one of official, practice, unofficial"):
+        board.leaderboard(entries, board="fun")
+
+
+def test_an_old_leaderboard_file_still_loads_as_unofficial(tmp_path):
+    path = tmp_path / "leaderboard.json"
+    old = _entry("from last year", 1.0, 0.95, target=0.94, data="real CIFAR-10")  # no n_test, hardware, versions
+    path.write_text(json.dumps([old, _attempt("new", 5.0, 10000)]))
+    table = board.leaderboard(path)
+    assert list(table["board"]) == ["official", "unofficial"]  # the faster old attempt does not rank first
+    old_row = table[table["name"] == "from last year"].iloc[0]
+    assert old_row["why"] == ("recorded without n_test, hardware, versions (an older leaderboard file): not "
+                              "comparable with other attempts")
+    assert "\n" not in old_row["why"]

@@ -1,12 +1,22 @@
-"""The race's leaderboard: a JSON-lines file of attempts, a ranked table and a plot.
+"""The race's leaderboard: a JSON file of attempts, tables that rank only comparable attempts, and a plot.
+
+A time to target depends on more than the recipe: on the hardware, on the data (real CIFAR-10 or generated
+images), and on how many test images decide that the target is reached (an accuracy on 20 images moves by
+5 points per image and reaches a target by luck; on 10 000 images, by 0.01 point). So every attempt records
+its ``n_test``, its ``data`` kind, its ``hardware`` (the GPU's name, or the CPU's) and its ``versions``
+(torch, ...), and the tables rank an attempt only against attempts that share the target, the data kind, the
+number of test images and the hardware (:func:`comparability_key`). The **official** board takes only attempts
+on the whole 10 000-image real CIFAR-10 test set; the others are **practice** boards, one per comparability
+key; attempts recorded before these fields existed still load, as **unofficial**, with one line saying why.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import platform
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 
 from dlo.measure.bench import save_json
@@ -46,38 +56,139 @@ def append_to_leaderboard(record: dict[str, Any], path: str | os.PathLike) -> Pa
     return save_json(entries, path)
 
 
-LEADERBOARD_COLUMNS = ["name", "data", "target", "reached", "time_to_target_s", "epochs_to_target", "best_accuracy",
-                       "compile_excluded", "compile_s", "time_to_target_with_compile_s", "load_s", "eval_s",
-                       "device", "gpu", "date"]
+LEADERBOARD_COLUMNS = ["board", "group", "name", "data", "n_test", "hardware", "target", "reached", "time_to_target_s",
+                       "epochs_to_target", "best_accuracy", "compile_excluded", "compile_s",
+                       "time_to_target_with_compile_s", "load_s", "eval_s", "device", "gpu", "torch", "date", "why"]
+
+#: The official board: the whole real CIFAR-10 test set, nothing less.
+OFFICIAL_DATA = "real CIFAR-10"
+OFFICIAL_N_TEST = 10000
+#: What two attempts must share to be ranked together (the target, the data kind, the number of test images
+#: and the hardware); an attempt recorded without one of them (an older leaderboard file) is "unofficial".
+COMPARABILITY_FIELDS = ("target", "data", "n_test", "hardware")
+BOARDS = ("official", "practice", "unofficial")
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def hardware_name(env: Mapping[str, Any]) -> str:
+    """The hardware an attempt ran on, as the leaderboard groups it: the GPU's name (``env["gpu"]``, from
+    :func:`dlo.measure.bench.environment_info`), else the CPU's model and the cores the process could use."""
+    if env.get("gpu"):
+        return str(env["gpu"])
+    return f"CPU: {env.get('cpu_model') or _cpu_model()}, {env.get('cpu_cores', '?')} cores"
+
+
+def attempt_fields(env: Mapping[str, Any]) -> dict[str, Any]:
+    """What :func:`dlo.lessons.race.run_race` adds to every record so attempts can be compared: ``hardware``
+    (:func:`hardware_name`) and ``versions`` (torch, torchvision, dlo, CUDA, cuDNN, Python)."""
+    return {"hardware": hardware_name(env),
+            "versions": {k: env.get(k) for k in ("torch", "torchvision", "dlo", "cuda", "cudnn", "python")}}
+
+
+def _missing(entry: Mapping[str, Any]) -> list[str]:
+    missing = [k for k in COMPARABILITY_FIELDS if entry.get(k) is None]
+    if not (entry.get("versions") or {}).get("torch"):
+        missing.append("versions")
+    return missing
+
+
+def standing(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """``(board, why)`` of one attempt: ``("official", "")`` for the whole 10 000-image real CIFAR-10 test set,
+    ``("practice", why)`` for an attempt on generated data or on part of the test set (ranked only against
+    attempts with the same data kind, test-set size, hardware and target), ``("unofficial", why)`` for an
+    attempt recorded without those fields (an older leaderboard file): nothing says what it can be compared with."""
+    missing = _missing(entry)
+    if missing:
+        return "unofficial", (f"recorded without {', '.join(missing)} (an older leaderboard file): not comparable "
+                              f"with other attempts")
+    if entry["data"] != OFFICIAL_DATA:
+        return "practice", f"{entry['data']} data, not real CIFAR-10"
+    if entry["n_test"] != OFFICIAL_N_TEST:
+        return "practice", (f"evaluated on {entry['n_test']} test images, not the whole {OFFICIAL_N_TEST:,}: an accuracy "
+                            f"on fewer images is noisier and reaches a target by luck more often")
+    return "official", ""
+
+
+def comparability_key(entry: Mapping[str, Any]) -> tuple:
+    """``(board, target, data, n_test, hardware)``: attempts with the same key are ranked together, never others."""
+    return (standing(entry)[0], *(entry.get(k) for k in COMPARABILITY_FIELDS))
+
+
+def group_title(entry: Mapping[str, Any]) -> str:
+    """The readable title of an attempt's group of comparable attempts (its :func:`comparability_key`)."""
+    return _group_title(comparability_key(entry))
+
+
+def _group_title(key: tuple) -> str:
+    board, target, data, n_test, hardware = key
+    target_s = f"target {target:.0%}" if isinstance(target, (int, float)) else "target ?"
+    n_s = f"{n_test:,} test images" if isinstance(n_test, int) else "test images: ?"
+    return f"{board} · {data or 'data ?'}, {n_s} · {hardware or 'hardware ?'} · {target_s}"
 
 
 def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target: float | None = None,
-                data: str | None = None):
-    """The attempts as a pandas table, fastest first: those that reached the target sorted by time to target,
-    then the others by best accuracy. ``target`` / ``data`` ("generated" or "real CIFAR-10") keep only
-    comparable attempts (a time to 60 % on generated data is no rival for a time to 94 % on CIFAR-10)."""
+                data: str | None = None, board: str | None = None):
+    """The attempts as a pandas table, ranked **only among comparable attempts**.
+
+    Each attempt has a ``board`` (:func:`standing`): "official" (real CIFAR-10, the whole 10 000-image test
+    set), "practice" (generated data, or part of the test set) or "unofficial" (an older record without the
+    fields that say what it is comparable with; ``why`` says so in one line). Attempts are grouped by
+    :func:`comparability_key` (board, target, data kind, number of test images, hardware; ``group`` is its
+    readable title); official groups come first, then practice, then unofficial. Within a group, the attempts
+    that reached the target come first, by time to target, then the others by best accuracy; the index is the
+    ``rank`` within the group. ``target`` / ``data`` ("generated" or "real CIFAR-10") / ``board`` keep only
+    those attempts.
+    """
     import pandas as pd
 
     entries = read_leaderboard(source) if isinstance(source, (str, os.PathLike)) else list(source)
     if target is not None:
         target = check_target(target)
-        entries = [e for e in entries if abs(e["target"] - target) < 1e-12]
+        entries = [e for e in entries if e.get("target") is not None and abs(e["target"] - target) < 1e-12]
     if data is not None:
-        entries = [e for e in entries if e["data"] == data]
+        entries = [e for e in entries if e.get("data") == data]
+    if board is not None:
+        if board not in BOARDS:
+            raise ValueError(f"board must be one of {', '.join(BOARDS)}, got {board!r}")
+        entries = [e for e in entries if standing(e)[0] == board]
     rows = []
     for e in entries:
+        env = e.get("env") or {}
+        key = comparability_key(e)
         row = {k: e.get(k) for k in LEADERBOARD_COLUMNS}
-        row["gpu"] = (e.get("env") or {}).get("gpu")
-        row["date"] = (e.get("env") or {}).get("date")
+        row.update(board=key[0], group=_group_title(key), why=standing(e)[1], gpu=env.get("gpu"),
+                   date=env.get("date"), torch=(e.get("versions") or {}).get("torch") or env.get("torch"))
+        row["_board"] = BOARDS.index(key[0])
         rows.append(row)
-    df = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS)
+    df = pd.DataFrame(rows, columns=LEADERBOARD_COLUMNS + ["_board"])
     if len(df):
         df["_miss"] = ~df["reached"].astype(bool)
         df["_t"] = df["time_to_target_s"].astype(float)
-        df = df.sort_values(["_miss", "_t", "best_accuracy"], ascending=[True, True, False], na_position="last")
-        df = df.drop(columns=["_miss", "_t"])
-    df.index = pd.RangeIndex(1, len(df) + 1, name="rank")
+        df = df.sort_values(["_board", "group", "_miss", "_t", "best_accuracy"],
+                            ascending=[True, True, True, True, False], na_position="last", kind="stable")
+        df["rank"] = df.groupby("group", sort=False).cumcount() + 1
+        df = df.drop(columns=["_miss", "_t", "_board"]).set_index("rank")
+    else:
+        df = df.drop(columns=["_board"])
+        df.index = pd.RangeIndex(1, 1, name="rank")
     return df
+
+
+def boards(source: str | os.PathLike | Iterable[dict[str, Any]], **filters: Any) -> dict[str, Any]:
+    """:func:`leaderboard` cut into one table per group of comparable attempts, ``{group title: table}``,
+    official groups first."""
+    table = leaderboard(source, **filters)
+    return {group: part.drop(columns=["group"]) for group, part in table.groupby("group", sort=False)}
 
 
 def plot_race(records: Iterable[dict[str, Any]], target: float | None = None, path: str | os.PathLike | None = None,

@@ -53,7 +53,7 @@ from dlo.training.step import amp_dtype, make_grad_scaler, make_train_step, prep
 from dlo.training.callbacks import Callback, StopAtTarget
 from dlo.training.evaluate import evaluate
 from dlo.training.loop import train
-from dlo.lessons.leaderboard import append_to_leaderboard
+from dlo.lessons.leaderboard import append_to_leaderboard, attempt_fields, standing
 from dlo.lessons.leaderboard import check_target, check_writable
 from dlo.data.loaders import Batches
 from dlo.data.cifar import find_cifar10
@@ -163,7 +163,11 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     Returns a JSON-able record: ``time_to_target_s`` (None if not reached), ``epochs_to_target``,
     ``curve`` (one point per epoch: ``time_s`` on the race clock, test ``accuracy`` and ``loss``, mean
     ``train_loss``), ``load_s``, ``train_s``, ``eval_s``, ``compile_s`` (the excluded warm-up, or None),
-    ``time_to_target_with_compile_s``, the recipe, the data's ``source`` and the environment.
+    ``time_to_target_with_compile_s``, the recipe, the data's ``source`` and the environment; and what the
+    leaderboard needs to rank it only against comparable attempts: ``n_test`` (test images evaluated), ``data``
+    ("real CIFAR-10" or "generated"), ``hardware`` (GPU or CPU name) and ``versions`` (torch, ...). An attempt on
+    fewer than the 10 000 real test images (``n_test``) or on generated data is a *practice* attempt, never on
+    the official board (see :mod:`dlo.lessons.leaderboard`).
     """
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a dlo.lessons.race.Recipe, got {type(recipe).__name__}")
@@ -223,6 +227,7 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     reached_at = stop.reached["time_s"] if stop.reached is not None else None
     epochs_to_target = stop.reached["epoch"] + 1 if stop.reached is not None else None
     stopped_by = stop.stopped_by or "max_epochs"
+    env = environment_info(device)
     record: dict[str, Any] = {
         "name": recipe.name, "target": target, "reached": reached_at is not None,
         "time_to_target_s": reached_at, "epochs_to_target": epochs_to_target, "epochs_run": len(curve),
@@ -234,8 +239,8 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
         else reached_at,
         "data": "generated" if d.is_generated else "real CIFAR-10", "source": d.source,
         "n_train": d.n_train, "n_test": d.n_test, "steps_per_epoch": steps_per_epoch,
-        "device": str(device), "recipe": recipe.to_dict(), "curve": curve, "rules": TIMING_RULES,
-        "env": environment_info(device),
+        "device": str(device), **attempt_fields(env), "recipe": recipe.to_dict(), "curve": curve,
+        "rules": TIMING_RULES, "env": env,
     }
     if verbose:
         print(summary_line(record), flush=True)
@@ -245,8 +250,8 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
 
 
 def summary_line(record: dict[str, Any]) -> str:
-    """One line saying how an attempt went."""
-    where = f"{record['data']}, {record['device']}"
+    """One line saying how an attempt went, and on which board it counts."""
+    where = f"{record['data']}, {record.get('n_test', '?')} test images, {record.get('hardware') or record['device']}"
     if record["reached"]:
         line = (f"{record['name']}: {record['target']:.1%} reached in {record['time_to_target_s']:.2f} s "
                 f"({record['epochs_to_target']} epochs; {where})")
@@ -255,7 +260,8 @@ def summary_line(record: dict[str, Any]) -> str:
                 f"{record['total_s']:.2f} s (best {record['best_accuracy']:.1%}, stopped by {record['stopped_by']}; {where})")
     if record.get("compile_s") is not None:
         line += f"; compile warm-up {record['compile_s']:.1f} s excluded"
-    return line
+    board, why = standing(record)
+    return line + ("; official board" if board == "official" else f"; {board} board ({why})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,7 +281,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="race on generated data (the smoke race; NOT CIFAR-10, use a target such as "
                         f"{SMOKE_TARGET})")
     p.add_argument("--n-train", type=int, default=None, help="training images (default: all, or the smoke size)")
-    p.add_argument("--n-test", type=int, default=None, help="test images (default: all, or the smoke size)")
+    p.add_argument("--n-test", type=int, default=None,
+                   help="test images (default: all, or the smoke size); fewer than the 10 000 of real CIFAR-10 make a "
+                        "practice attempt, ranked apart from the official board")
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda")
     p.add_argument("--max-epochs", type=int, default=None)
     p.add_argument("--time-budget", type=float, default=None, help="stop after the epoch that passes this many seconds")
