@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dlo.runtime.grid import Grid
 from dlo.models.llama import Attention, Llama, SwiGLU, apply_rotary, causal_attention, lm_loss, rotary_cos_sin
 from dlo.parallel import comm
 from dlo.parallel.comm import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region
@@ -299,7 +300,7 @@ def tp_group_ranks(world_size: int, tp: int) -> list[list[int]]:
     """Contiguous blocks of ``tp`` ranks: ``[[0..tp-1], [tp..2tp-1], ...]`` (on a node, TP stays on NVLink)."""
     if tp < 1 or world_size % tp:
         raise ValueError(f"tp={tp} must divide the world size {world_size}")
-    return [list(range(k * tp, (k + 1) * tp)) for k in range(world_size // tp)]
+    return Grid(world_size, dp=world_size // tp, tp=tp).groups("tp")
 
 
 def dp_group_ranks(world_size: int, tp: int, dp: int | None = None) -> list[list[int]]:
@@ -308,7 +309,7 @@ def dp_group_ranks(world_size: int, tp: int, dp: int | None = None) -> list[list
     if tp * dp != world_size:
         raise ValueError(f"tp × dp must equal the world size: {tp} × {dp} = {tp * dp} ≠ {world_size}; "
                          f"launch {tp * dp} processes or change tp/dp")
-    return [list(range(i, world_size, tp)) for i in range(tp)]
+    return Grid(world_size, dp=dp, tp=tp).groups("dp")
 
 
 def tp_dp_groups(tp: int, dp: int | None = None) -> dict[str, Any]:
@@ -316,20 +317,14 @@ def tp_dp_groups(tp: int, dp: int | None = None) -> dict[str, Any]:
     the same order) and return this rank's: ``{"tp_group", "dp_group", "tp_rank", "dp_rank", "tp", "dp"}``."""
     world, rank = group_size(None), group_rank(None)
     dp = world // tp if dp is None else dp
-    dp_lists = dp_group_ranks(world, tp, dp)
-    tp_lists = tp_group_ranks(world, tp)
-    out: dict[str, Any] = {"tp": tp, "dp": dp, "tp_rank": rank % tp, "dp_rank": rank // tp}
+    dp_group_ranks(world, tp, dp)  # the clear error when tp × dp is not the world size
+    grid = Grid(world, dp=dp, tp=tp)
+    where = grid.coords(rank)
+    out: dict[str, Any] = {"tp": tp, "dp": dp, "tp_rank": where["tp"], "dp_rank": where["dp"]}
     if not dist.is_initialized():
         return {**out, "tp_group": None, "dp_group": None}
-    for ranks in tp_lists:
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            out["tp_group"] = g
-    for ranks in dp_lists:
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            out["dp_group"] = g
-    return out
+    groups = grid.new_groups(rank, axes=("tp", "dp"))
+    return {**out, "tp_group": groups["tp"], "dp_group": groups["dp"]}
 
 
 def all_reduce_gradients(model: nn.Module, group=None) -> None:

@@ -1,6 +1,6 @@
 """Layer 1, runtime: where a run happens -- the device, the distributed context (torchrun or Slurm) and its
-process groups, the launcher that starts N ranks from a notebook, the ranks' JSON records, paths and caches,
-sbatch templates.
+process groups (one ``Grid`` lays out every dp × pp × cp × tp job), the launcher that starts N ranks from a
+notebook, the ranks' JSON records, paths and caches, sbatch templates.
 """
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from .context import (
 from .distributed import init_distributed, teardown, exit_after_success, distributed, free_port
 from .records import RECORDS_ENV, write_record, read_records
 from .launch import LaunchError, build_launch_command, expand_runs, launch
+from .grid import AXES, Grid
 from .errors import first_line
 from .validate import (
     is_int, is_number, positive_int, check_choice, non_negative_int, check_batch_divisible, per_rank_batch,
 )
 
 __all__ = [
+    "AXES",
+    "Grid",
     "DEVICE_ENV",
     "pick_device",
     "synchronize",
