@@ -1,0 +1,499 @@
+"""Jour 2 -- data parallelism under the hood: DistributedDataParallel written by hand, in five steps.
+
+Every process holds a full copy of the model and computes the gradients of its own slice of the global
+batch. For the copies to stay identical, two things are needed: they must *start* identical, and after
+each backward every process must hold the *average* of all processes' gradients. DDP does both; here you
+write them yourself, from the simplest version to the one DDP really uses:
+
+1. ``allreduce_gradients``: after backward, all-reduce every gradient, then divide by the world size;
+2. ``broadcast_state``: rank 0's weights and buffers copied to every rank before training;
+3. ``OverlappedGradSync``: a hook per parameter launches that gradient's all-reduce as soon as it is
+   ready, *while backward continues* on the earlier layers; wait for all of them before the step;
+4. ``plan_buckets`` + ``BucketedGradSync``: gradients packed into flat buckets, one all-reduce per bucket
+   (fewer, larger messages), launched as each bucket fills up;
+5. ``GradSync.no_sync`` + ``train_step_accumulated``: gradient accumulation over k micro-batches that
+   communicates only on the last one.
+
+Run it:
+    torchrun --nproc_per_node 2 dp_scratch_train.py              # times every version against DDP
+    dlo.runtime.launch("dp_scratch_train.py", [...], nproc=2)    # what the notebook does (srun under Slurm)
+
+In ``student/dp_scratch_train.py`` the parts marked TODO raise NotImplementedError until you write them;
+``dlo check dp_scratch <step>`` checks one step (``dlo check --list`` shows them).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import dlo  # noqa: F401  (project caches and the torchvision shim: before any torchvision import)
+from dlo.measure import bench
+from dlo.models import MLP, count_parameters
+from dlo.parallel.dp_events import Timeline, agreed_timer, record_collectives
+from dlo.runtime import init_distributed, teardown, write_record
+
+
+# ---------------------------------------------------------------------------------------------------
+# Given: one device per process
+# ---------------------------------------------------------------------------------------------------
+def rank_device(ctx) -> torch.device:
+    """GPU number ``local_rank`` on a GPU node (NCCL), the CPU otherwise (gloo). See ddp_train.py, exercise 1."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", ctx.local_rank)
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step 1 -- naive: all-reduce every gradient after backward
+# ---------------------------------------------------------------------------------------------------
+def allreduce_gradients(model: nn.Module) -> None:
+    """After ``loss.backward()``: replace every ``p.grad`` by the mean of that gradient over all ranks, in place.
+
+    ``dist.all_reduce(t)`` *sums* ``t`` over the ranks, in place, and returns when every rank holds the sum.
+    Each rank's loss is a mean over its own slice, so the mean of the ranks' gradients is the gradient of the
+    mean loss over the global batch: what one process would compute on the whole batch.
+    """
+    # BEGIN SOLUTION: for every parameter whose .grad is not None: dist.all_reduce(p.grad) (a SUM, in place), then p.grad.div_(dist.get_world_size())
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad.div_(world)
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step 2 -- identical copies: rank 0's weights and buffers everywhere
+# ---------------------------------------------------------------------------------------------------
+def broadcast_state(model: nn.Module) -> None:
+    """Copy rank 0's parameters *and buffers* (e.g. BatchNorm's running statistics) into every rank's model,
+    in place, as ``DistributedDataParallel(model)`` does when it is built.
+
+    Averaged gradients keep identical copies identical; they do nothing for copies that started apart (a
+    different seed, a checkpoint loaded on one rank only): every rank would apply the same update to its
+    own weights forever. ``dist.broadcast(t, src=0)`` is a collective: *every* rank calls it, rank 0 sends
+    its ``t`` and the others receive into theirs.
+    """
+    # BEGIN SOLUTION: under torch.no_grad(), dist.broadcast(t, src=0) for every t in model.parameters() and then model.buffers()
+    with torch.no_grad():
+        for t in itertools.chain(model.parameters(), model.buffers()):
+            dist.broadcast(t, src=0)
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# What the hand-written versions share
+# ---------------------------------------------------------------------------------------------------
+class GradSync:
+    """Gradient synchronisation of ``model``, in the training step's order::
+
+        loss.backward()     # hooks may launch all-reduces while it runs
+        sync.finish()       # returns when every p.grad holds the mean over the ranks
+        optimizer.step()
+
+    ``require_sync`` is False inside :meth:`no_sync`: the hooks then launch nothing and the gradients just
+    accumulate locally (step 5).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.require_sync = True
+        self.hook_handles: list[Any] = []
+
+    def finish(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must define finish()")
+
+    def remove(self) -> None:
+        """Unregister the hooks (the model trains alone again)."""
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles.clear()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Inside ``with sync.no_sync():`` backward passes communicate nothing, as under DDP's ``model.no_sync()``."""
+        # BEGIN SOLUTION: remember self.require_sync, set it to False, yield, and restore it in a finally: block
+        previous = self.require_sync
+        self.require_sync = False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+        # END SOLUTION
+
+
+class NaiveGradSync(GradSync):
+    """Step 1 as a GradSync: nothing during backward, every gradient all-reduced in :meth:`finish`."""
+
+    def finish(self) -> None:
+        allreduce_gradients(self.model)
+
+
+class LocalOnly(GradSync):
+    """No communication at all: the compute-only step that the others are compared with."""
+
+    def finish(self) -> None:
+        pass
+
+
+class DDPSync(GradSync):
+    """DistributedDataParallel behind the same interface: it averages during backward, so finish() has
+    nothing left to do; ``no_sync()`` is DDP's own (which must cover the forward as well as the backward)."""
+
+    def __init__(self, ddp_model: nn.Module) -> None:
+        super().__init__(ddp_model)
+
+    def finish(self) -> None:
+        pass
+
+    def no_sync(self):
+        return self.model.no_sync()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step 3 -- overlap: one asynchronous all-reduce per gradient, launched by a hook during backward
+# ---------------------------------------------------------------------------------------------------
+class OverlappedGradSync(GradSync):
+    """Each parameter's all-reduce is launched by a hook the moment autograd has finished its gradient.
+
+    Backward computes the last layers' gradients first; with ``async_op=True`` the all-reduce returns a
+    handle at once and runs in the background (gloo's threads, NCCL's stream) while backward goes on with
+    the earlier layers. Before the optimizer step, :meth:`finish` waits for every handle and divides.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.pending: list[tuple[Any, torch.Tensor]] = []  # (handle, gradient) launched during this backward
+        # BEGIN SOLUTION: for every parameter that requires grad: p.register_post_accumulate_grad_hook(self._on_grad_ready); keep the handles in self.hook_handles
+        for p in model.parameters():
+            if p.requires_grad:
+                self.hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        # END SOLUTION
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        """The hook: autograd calls it with the parameter once ``param.grad`` holds this backward's gradient."""
+        if not self.require_sync:  # inside no_sync() (step 5): the gradient only accumulates locally
+            return
+        # BEGIN SOLUTION: launch dist.all_reduce(param.grad, async_op=True) and append (its handle, param.grad) to self.pending
+        self.pending.append((dist.all_reduce(param.grad, async_op=True), param.grad))
+        # END SOLUTION
+
+    def finish(self) -> None:
+        # BEGIN SOLUTION: for each (handle, grad) in self.pending: handle.wait(), grad.div_(world size); then empty self.pending
+        world = dist.get_world_size()
+        for handle, grad in self.pending:
+            handle.wait()
+            grad.div_(world)
+        self.pending.clear()
+        # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step 4 -- buckets: fewer, larger all-reduces
+# ---------------------------------------------------------------------------------------------------
+def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
+    """Which parameters share a bucket: lists of indices into ``params``, the first bucket first.
+
+    Gradients are ready in roughly the reverse of the registration order (backward starts from the last
+    layer), so the buckets are filled in *reverse* registration order: the first bucket holds the last
+    parameters. DDP's rule: a bucket is closed as soon as its gradients add up to at least ``bucket_bytes``
+    bytes (so a parameter larger than that gets a bucket of its own); the last bucket holds what remains,
+    even if it is smaller.
+    """
+    # BEGIN SOLUTION: walk the indices from len(params)-1 down to 0, add numel() * element_size() to the open bucket's size, close it once >= bucket_bytes; keep the last, partial bucket
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in reversed(range(len(params))):
+        current.append(i)
+        size += params[i].numel() * params[i].element_size()
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+    # END SOLUTION
+
+
+class BucketedGradSync(GradSync):
+    """Gradients copied into flat buckets; one asynchronous all-reduce per bucket, launched when the bucket
+    holds all its gradients; :meth:`finish` waits, divides and copies the averages back into ``p.grad``.
+
+    Given: ``self.params`` (the parameters, registration order), ``self.plan`` (your :func:`plan_buckets`),
+    ``self.slot[i]`` = (bucket, offset) of parameter ``i`` in the flat ``self.buffers[bucket]``,
+    ``self.index[id(p)]`` = ``i``, and ``self.ready[bucket]``, the number of gradients copied in so far.
+    """
+
+    def __init__(self, model: nn.Module, bucket_bytes: int) -> None:
+        super().__init__(model)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.plan = plan_buckets(self.params, bucket_bytes)
+        self.slot: dict[int, tuple[int, int]] = {}
+        self.buffers: list[torch.Tensor] = []
+        for b, members in enumerate(self.plan):
+            offset = 0
+            for i in members:
+                self.slot[i] = (b, offset)
+                offset += self.params[i].numel()
+            first = self.params[members[0]]
+            self.buffers.append(torch.zeros(offset, dtype=first.dtype, device=first.device))
+        self.ready = [0] * len(self.plan)
+        self.pending: list[tuple[int, Any]] = []  # (bucket, handle) launched during this backward
+        # BEGIN SOLUTION: register self._on_grad_ready as the post-accumulate-grad hook of every p in self.params; keep the handles in self.hook_handles
+        for p in self.params:
+            self.hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        # END SOLUTION
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self.require_sync:  # inside no_sync() (step 5)
+            return
+        # BEGIN SOLUTION: b, offset = self.slot[self.index[id(param)]]; copy param.grad (flattened) into self.buffers[b][offset:offset + numel]; self.ready[b] += 1; once it equals len(self.plan[b]): dist.all_reduce(self.buffers[b], async_op=True) -> self.pending
+        b, offset = self.slot[self.index[id(param)]]
+        self.buffers[b][offset:offset + param.numel()].copy_(param.grad.reshape(-1))
+        self.ready[b] += 1
+        if self.ready[b] == len(self.plan[b]):
+            self.pending.append((b, dist.all_reduce(self.buffers[b], async_op=True)))
+        # END SOLUTION
+
+    def finish(self) -> None:
+        # BEGIN SOLUTION: for each (b, handle) in self.pending: handle.wait(), divide self.buffers[b] by the world size, copy each member's slice back into its p.grad (view_as); then reset self.pending and self.ready
+        world = dist.get_world_size()
+        for b, handle in self.pending:
+            handle.wait()
+            self.buffers[b].div_(world)
+            for i in self.plan[b]:
+                p = self.params[i]
+                offset = self.slot[i][1]
+                p.grad.copy_(self.buffers[b][offset:offset + p.numel()].view_as(p))
+        self.pending.clear()
+        self.ready = [0] * len(self.plan)
+        # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step 5 -- gradient accumulation: communicate on the last micro-batch only
+# ---------------------------------------------------------------------------------------------------
+def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                           criterion: Callable, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """One optimizer step over ``k = len(micro_batches)`` micro-batches, equal to one step on their concatenation.
+
+    Gradients add up in ``p.grad`` over the k backward passes; each micro-batch's loss is divided by k so
+    that the sum is the gradient of the mean loss. Communicating after every micro-batch would cost k
+    all-reduces for the result of one: run the first k - 1 forward *and* backward passes inside
+    ``sync.no_sync()`` (DDP decides during the forward whether the next backward communicates), the last one
+    outside it, then ``sync.finish()`` and the optimizer step. Returns the mean loss (a detached tensor).
+    """
+    # BEGIN SOLUTION: zero the gradients once; for each micro-batch i: under sync.no_sync() unless i is the last, loss = criterion(model(x), y) / k and loss.backward(); then sync.finish(), optimizer.step()
+    k = len(micro_batches)
+    optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for i, (x, y) in enumerate(micro_batches):
+        quiet = sync.no_sync() if i < k - 1 else contextlib.nullcontext()
+        with quiet:
+            loss = criterion(model(x), y) / k
+            loss.backward()
+        losses.append(loss.detach())
+    sync.finish()
+    optimizer.step()
+    return torch.stack(losses).sum()
+    # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# The measurements (not an exercise)
+# ---------------------------------------------------------------------------------------------------
+def make_model(hidden: Sequence[int], seed: int, device: torch.device) -> nn.Module:
+    torch.manual_seed(seed)
+    return MLP(in_features=3 * 32 * 32, hidden=tuple(hidden), num_classes=10).to(device)
+
+
+def make_batches(n: int, batch: int, device: torch.device, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random images and labels, generated on each rank with its own seed (each rank has its own slice)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, 3, 32, 32, generator=gen).to(device), torch.randint(0, 10, (batch,), generator=gen).to(device))
+            for _ in range(n)]
+
+
+def train_step(model: nn.Module, sync: GradSync, batch, criterion, optimizer, timeline: Timeline | None = None) -> None:
+    """forward, backward (hooks may communicate), finish (wait for / run the all-reduces), optimizer step."""
+    span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
+    x, y = batch
+    optimizer.zero_grad(set_to_none=True)
+    with span("forward"):
+        loss = criterion(model(x), y)
+    with span("backward"):
+        loss.backward()
+    with span("wait"):
+        sync.finish()
+    with span("optimizer"):
+        optimizer.step()
+
+
+def build(version: str, args, device: torch.device, *, bucket_mb: float | None = None, seed: int = 0):
+    """A fresh model (same initial weights on every rank), its optimizer and its GradSync."""
+    model = make_model(args.hidden, seed, device)
+    if version == "DDP":
+        cap = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}  # None: DDP's default (25 MiB)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **cap)
+        sync: GradSync = DDPSync(model)
+    else:
+        broadcast_state(model)  # what DDP does when it is built
+        sync = {"compute only": LocalOnly, "naive": NaiveGradSync, "overlap": OverlappedGradSync}.get(version)
+        sync = sync(model) if sync is not None else BucketedGradSync(model, int(bucket_mb * 2**20))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    return model, sync, optimizer
+
+
+def _name(version: str, bucket_mb: float | None) -> str:
+    if version == "buckets":
+        return f"buckets {bucket_mb:g} MiB"
+    if version == "DDP" and bucket_mb is not None:
+        return f"DDP bucket_cap_mb={bucket_mb:g}"
+    return "DDP (25 MiB default)" if version == "DDP" else version
+
+
+def drift(args, ctx, device: torch.device) -> dict:
+    """Ranks that start from different weights (a seed per rank) and train with averaged gradients: how far
+    apart are their weights after a few steps, with and without broadcast_state first?"""
+    out = {}
+    criterion = nn.CrossEntropyLoss()
+    batches = make_batches(args.drift_steps, args.per_rank_batch, device, seed=1000 + ctx.rank)
+    for label, do_broadcast in (("without broadcast", False), ("with broadcast", True)):
+        model = make_model(args.hidden, seed=ctx.rank, device=device)
+        if do_broadcast:
+            broadcast_state(model)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        sync = NaiveGradSync(model)
+        for batch in batches:
+            train_step(model, sync, batch, criterion, opt)
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        reference = flat.clone()
+        dist.broadcast(reference, src=0)
+        gap = (flat - reference).abs().max().reshape(1)
+        dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+        out[label] = float(gap)
+    return out
+
+
+def gantt_events(version: str, args, ctx, device: torch.device, bucket_mb: float | None) -> list[dict]:
+    """Events of this rank over one training step (after warm-up steps), every all-reduce included."""
+    model, sync, opt = build(version, args, device, bucket_mb=bucket_mb)
+    if version == "DDP":  # DDP's own all-reduces happen in C++; the Python default hook makes them visible
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    criterion = nn.CrossEntropyLoss()
+    batches = make_batches(args.gantt_steps, args.per_rank_batch, device, seed=2000 + ctx.rank)
+    timeline = Timeline(device, rank=ctx.rank)
+    with record_collectives(timeline):
+        for step, batch in enumerate(batches):
+            timeline.clear()
+            dist.barrier()
+            timeline.start(step)
+            train_step(model, sync, batch, criterion, opt, timeline)
+    if isinstance(sync, GradSync):
+        sync.remove()
+    return timeline.events
+
+
+def candidates(args, ctx, device: torch.device) -> list[bench.Candidate]:
+    """One training step per configuration, each on its own model and optimizer: DDP, the hand-written
+    versions, the compute-only step, the bucket sizes, and accumulation over k micro-batches with no_sync."""
+    criterion = nn.CrossEntropyLoss()
+    global_batch = args.per_rank_batch * ctx.world_size
+    batches = make_batches(4, args.per_rank_batch, device, seed=3000 + ctx.rank)
+    micro = [make_batches(args.accum, args.per_rank_batch, device, seed=4000 + 10 * ctx.rank + j) for j in range(2)]
+    out = []
+    configs = [("compute only", None), ("naive", None), ("overlap", None), ("DDP", None)]
+    configs += [("buckets", mb) for mb in args.bucket_mb] + [("DDP", mb) for mb in args.bucket_mb if mb != 25]
+    for version, mb in configs:
+        model, sync, opt = build(version, args, device, bucket_mb=mb)
+        calls = itertools.cycle(batches)
+        out.append(bench.Candidate(_name(version, mb),
+                                   lambda m=model, s=sync, o=opt, c=calls: train_step(m, s, next(c), criterion, o),
+                                   global_batch, device, {"version": version, "bucket_mb": mb}))
+    for version, mb in (("compute only", None), ("buckets", args.accum_bucket_mb), ("DDP", None)):
+        model, sync, opt = build(version, args, device, bucket_mb=mb)
+        calls = itertools.cycle(micro)
+        out.append(bench.Candidate(f"accumulate {args.accum}: {_name(version, mb)}",
+                                   lambda m=model, s=sync, o=opt, c=calls: train_step_accumulated(m, s, next(c), criterion, o),
+                                   global_batch * args.accum, device,
+                                   {"version": version, "bucket_mb": mb, "accumulate": args.accum}))
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    floats = lambda s: [float(v) for v in s.split(",") if v]  # noqa: E731
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=ints, default=[512, 512, 512, 512], help="hidden widths of the MLP, e.g. 512,512")
+    p.add_argument("--per-rank-batch", type=int, default=32)
+    p.add_argument("--bucket-mb", type=floats, default=[0.25, 1.0, 4.0, 25.0], help="bucket sizes to time (MiB)")
+    p.add_argument("--accum", type=int, default=4, help="micro-batches per step in the accumulation runs")
+    p.add_argument("--accum-bucket-mb", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup-max-calls", type=int, default=12, help="cap on the warm-up calls of each configuration")
+    p.add_argument("--gantt-steps", type=int, default=3, help="steps run with the event recorder (the last is kept)")
+    p.add_argument("--gantt-bucket-mb", type=float, default=1.0)
+    p.add_argument("--drift-steps", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.01)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    ctx = init_distributed()  # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU
+    device = rank_device(ctx)
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    try:
+        if not ctx.is_distributed:
+            raise SystemExit("run it on several processes: torchrun --nproc_per_node 2 dp_scratch_train.py")
+        probe = make_model(args.hidden, 0, device)
+        params = [p for p in probe.parameters()]
+        say(f"{ctx.world_size} processes ({dist.get_backend()}), rank 0 on {device}; MLP {args.hidden}: "
+            f"{count_parameters(probe) / 1e6:.2f} M parameters, {len(params)} tensors, "
+            f"{sum(p.numel() * p.element_size() for p in params) / 2**20:.1f} MiB of gradients")
+        if ctx.is_main:
+            write_record({"kind": "setup", "hidden": args.hidden, "per_rank_batch": args.per_rank_batch,
+                          "parameters": count_parameters(probe), "tensors": len(params), "device": str(device),
+                          "backend": dist.get_backend(),
+                          "grad_bytes": sum(p.numel() * p.element_size() for p in params),
+                          "plans": {str(mb): [[int(i) for i in b] for b in plan_buckets(params, int(mb * 2**20))]
+                                    for mb in args.bucket_mb},
+                          "tensor_bytes": [p.numel() * p.element_size() for p in params]})
+        gaps = drift(args, ctx, device)
+        say(f"largest weight difference between ranks after {args.drift_steps} steps from different seeds: "
+            + ", ".join(f"{k} {v:.2g}" for k, v in gaps.items()))
+        if ctx.is_main:
+            write_record({"kind": "drift", "steps": args.drift_steps, **gaps})
+
+        for version, mb in (("naive", None), ("overlap", None), ("buckets", args.gantt_bucket_mb), ("DDP", None)):
+            write_record({"kind": "events", "version": _name(version, mb),
+                          "events": gantt_events(version, args, ctx, device, mb)})
+        say("events recorded for the Gantt charts")
+
+        cands = candidates(args, ctx, device)
+        warmup = bench.Warmup(max_calls=args.warmup_max_calls)
+        # agreed_timer: every rank gets the slowest rank's time of each call, so that all ranks take the same
+        # warm-up decisions (the same number of calls: every call is a collective) and the same numbers.
+        measured = bench.measure_interleaved(cands, repeats=args.repeats, warmup=warmup, track_memory=False,
+                                             progress=False, timer=agreed_timer(device))
+        if ctx.is_main:
+            for m in measured.values():
+                write_record({"kind": "timing", **m.to_record()})
+                say(str(m))
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
