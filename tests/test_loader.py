@@ -163,6 +163,143 @@ def test_epoch_start_latency_with_and_without_persistent_workers():
 
 
 # --------------------------------------------------------------------------------------------------------
+# Overlapping the copy with the compute: the loop's device calls, counted on a simulated GPU
+# --------------------------------------------------------------------------------------------------------
+
+class _Event:
+    t = None
+
+
+class FakeGpu(dl.TransferOps):
+    """A device with a copy engine on a virtual clock: each tensor copy takes ``copy_s`` on the stream it is
+    issued on, ``run`` advances the current stream, ``wait_for`` makes the main stream wait for the copy
+    stream, ``synchronize`` lets both finish. Every call is logged, in order."""
+
+    def __init__(self, pinned: bool = True, copy_s: float = 1.0) -> None:
+        super().__init__("cpu")
+        self.pinned, self.copy_s = pinned, copy_s
+        self.clock = {"main": 0.0, "copy": 0.0}
+        self.current = "main"
+        self.log: list[str] = []
+
+    def is_pinned(self, x) -> bool:
+        return self.pinned
+
+    def new_stream(self):
+        return "copy"
+
+    def on_stream(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def switch():
+            before, self.current = self.current, stream or self.current
+            try:
+                yield
+            finally:
+                self.current = before
+        return switch()
+
+    def event(self):
+        return _Event()
+
+    def record(self, event, stream=None) -> None:
+        event.t = self.clock[stream or self.current]
+
+    def copy(self, x, non_blocking: bool):
+        self.log.append(f"copy:{self.current}:{'nb' if non_blocking else 'blocking'}")
+        self.clock[self.current] += self.copy_s
+        return x
+
+    def wait_for(self, stream) -> None:
+        self.log.append("wait_for")
+        self.clock["main"] = max(self.clock["main"], self.clock[stream])
+
+    def hand_over(self, *tensors) -> None:
+        self.log.append("hand_over")
+
+    def synchronize(self) -> None:
+        super().synchronize()
+        self.log.append("sync")
+        self.clock["main"] = self.clock["copy"] = max(self.clock.values())
+
+    def seconds(self, start, end) -> float:
+        return end.t - start.t
+
+    def run(self, seconds: float) -> None:
+        self.log.append("compute")
+        self.clock[self.current] += seconds
+
+
+def _fake_trial(gpu: FakeGpu, n: int = 6, non_blocking: bool = True, step_s: float = 5.0):
+    loader = DataLoader(TensorItems(8 * n), batch_size=8)
+    return dl.profile_loader(loader, n, compute=lambda x, y: gpu.run(step_s), non_blocking=non_blocking,
+                             sample_memory=False, progress=False, ops=gpu)
+
+
+def _syncs_between_copies(log: list[str]) -> list[int]:
+    """Per pair of consecutive batches (two copies each: images, labels), the synchronisations between them."""
+    batches = [i for i, e in enumerate(log) if e.startswith("copy")][::2]
+    return [log[a:b].count("sync") for a, b in zip(batches, batches[1:])]
+
+
+def test_pinned_non_blocking_copies_run_on_a_copy_stream_without_a_sync_per_copy():
+    gpu = FakeGpu(pinned=True)
+    trial = _fake_trial(gpu, n=6)
+    assert trial.mode == "overlap" and trial.pinned is True
+    assert all(e == "copy:copy:nb" for e in gpu.log if e.startswith("copy"))  # on the copy stream, non-blocking
+    # one sync after iteration 0 (its one-off costs), then none between the steady copies, one at the end
+    assert _syncs_between_copies(gpu.log) == [1, 0, 0, 0, 0]
+    assert gpu.log[-1] == "sync" and trial.syncs == gpu.syncs == 3  # + the one before the clock starts
+    # each step waits for its batch on the device (not the host), and takes the tensors over from the copy stream
+    assert gpu.log.count("wait_for") == gpu.log.count("compute") == 6
+    assert all(gpu.log[i - 2:i] == ["wait_for", "hand_over"] for i, e in enumerate(gpu.log) if e == "compute")
+    # batch i+1's copy (2 units) runs during step i (5 units): hidden, except batch 1's (nothing computes then)
+    assert trial.copy_s == [2.0] * 6 and trial.compute_s == [5.0] * 6
+    assert trial.overlap_s[1:] == [0.0, 2.0, 2.0, 2.0, 2.0]
+    assert trial.copy_hidden == pytest.approx(4 / 5)
+    assert trial.steady_wall_s is not None and trial.row()["mode"] == "overlap"
+
+
+@pytest.mark.parametrize("pinned, non_blocking", [(False, True), (True, False), (False, False)])
+def test_without_pinned_memory_and_non_blocking_the_loop_syncs_once_per_step(pinned, non_blocking):
+    gpu = FakeGpu(pinned=pinned)
+    trial = _fake_trial(gpu, n=5, non_blocking=non_blocking)
+    assert trial.mode == "serial" and trial.pinned is pinned
+    assert all(e.startswith("copy:main") for e in gpu.log if e.startswith("copy"))  # no copy stream
+    assert _syncs_between_copies(gpu.log) == [1, 1, 1, 1]
+    assert trial.syncs == 1 + 5 and "wait_for" not in gpu.log
+    assert trial.overlap_s == [0.0] * 5 and trial.copy_hidden == 0.0  # copy, then step: one after the other
+    assert trial.steady_wall_s is None
+
+
+def test_overlap_seconds_is_the_intersection_with_the_union_of_the_computes():
+    computes = [(2.0, 7.0), (6.0, 9.0), (12.0, 14.0)]
+    assert dl.overlap_seconds([(0.0, 2.0), (1.0, 3.0), (8.0, 13.0), (5.0, 6.0)], computes) == [0.0, 1.0, 2.0, 1.0]
+    assert dl.overlap_seconds([(0.0, 1.0)], []) == [0.0]
+
+
+def test_on_a_cpu_the_batches_are_not_pinned_and_the_sentence_says_what_cannot_be_seen():
+    loader = DataLoader(TensorItems(32), batch_size=8)
+    trial = dl.profile_loader(loader, 3, non_blocking=True, sample_memory=False, progress=False)
+    assert trial.mode == "serial" and trial.pinned is False  # non_blocking alone does not overlap anything
+    sentence = dl.overlap_sentence(trial)
+    assert "no copy engine" in sentence and f"{trial.median_copy_s * 1000:.3f} ms" in sentence
+
+
+def test_overlap_sentence_on_a_gpu_is_written_from_the_numbers():
+    gpu = FakeGpu(pinned=True)
+    fast = _fake_trial(gpu, n=6)
+    fast.device, fast.label = "cuda:0", "pinned"
+    slow = _fake_trial(FakeGpu(pinned=False), n=6)
+    slow.device, slow.label = "cuda:0", "pageable"
+    s = dl.overlap_sentence(fast, slow)
+    assert s.startswith("In pinned, 80% of the copy time (2000.00 ms per batch, median) ran while a training step")
+    assert "3 host synchronisations in 6 iterations" in s and "pageable (serial, 7 synchronisations)" in s
+    assert "not in pinned memory" in dl.overlap_sentence(slow)
+
+
+# --------------------------------------------------------------------------------------------------------
 # Choosing
 # --------------------------------------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@ training loop *wait* for it":
 * :func:`profile_loader` runs a loader for a few batches and measures, per iteration, the time blocked in
   ``next(iterator)`` (``wait``), the host-to-device copy (``copy``) and the step you pass (``compute``),
   plus the first-batch latency (starting the workers) and the memory of the main process and its workers.
+  From pinned batches with ``non_blocking=True`` it runs the loop that lets the copy overlap the compute
+  (next batch copied on a copy stream while the step runs, no synchronisation per copy) and measures the
+  overlap with device events (:class:`TransferOps`); :func:`overlap_sentence` says what it showed.
   The result is a :class:`LoaderTrial`: ``.row()`` for a table of settings, ``.timeline()`` per iteration.
 * :func:`plot_timeline` draws those iterations like a profiler's timeline; :func:`plot_trials` compares
   settings; :func:`best_setting` picks the one to keep.
@@ -23,6 +26,7 @@ Import ``dlo`` before ``torchvision`` (this module does it for you through ``dlo
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -230,10 +234,19 @@ class LoaderTrial:
     memory_overhead_s: float = 0.0  # time spent sampling memory, excluded from every timing
     device: str = "cpu"
     label: str | None = None
+    # How the copies were issued (see profile_loader): "serial" (copy, step, synchronise, one step at a time)
+    # or "overlap" (pinned batches, non_blocking copies on a copy stream while the previous step computes).
+    mode: str = "serial"
+    pinned: bool | None = None  # whether the loader's batches were in page-locked memory
+    overlap_s: list[float] = field(default_factory=list)  # per iteration: copy time spent under a compute
+    syncs: int = 0  # times the loop made the host wait for the device
+    steady_wall_s: float | None = None  # overlap mode: host seconds of iterations 1..n-1, final sync included
 
     def __post_init__(self) -> None:
         if self.label is None:
             self.label = _label(self.settings)
+        if not self.overlap_s:
+            self.overlap_s = [0.0] * len(self.wait_s)
 
     # -- steady state (iterations 1..n-1) --
 
@@ -248,7 +261,10 @@ class LoaderTrial:
 
     @property
     def steady_s(self) -> float:
-        """Seconds of iterations 1..n-1 (wait + copy + compute)."""
+        """Seconds of iterations 1..n-1: wait + copy + compute one after the other ("serial"), or the host's
+        clock over those iterations up to the final synchronisation ("overlap", where they overlap)."""
+        if self.steady_wall_s is not None:
+            return float(self.steady_wall_s)
         return float(sum(self.wait_s[1:]) + sum(self.copy_s[1:]) + sum(self.compute_s[1:]))
 
     @property
@@ -282,6 +298,13 @@ class LoaderTrial:
     @property
     def copy_fraction(self) -> float:
         return sum(self.copy_s[1:]) / self.steady_s if self.n_iters > 1 and self.steady_s > 0 else math.nan
+
+    @property
+    def copy_hidden(self) -> float:
+        """Share of the steady-state copy time that ran while a step was computing (device clock): 0 when
+        copies and steps run one after the other, near 1 when the copies are hidden. NaN without copy time."""
+        total = sum(self.copy_s[1:])
+        return sum(self.overlap_s[1:]) / total if self.n_iters > 1 and total > 0 else math.nan
 
     # -- memory --
 
@@ -317,6 +340,10 @@ class LoaderTrial:
             "median_wait_ms": self.median_wait_s * 1000,
             "median_copy_ms": self.median_copy_s * 1000,
             "median_compute_ms": self.median_compute_s * 1000,
+            "mode": self.mode,
+            "pinned": self.pinned,
+            "copy_hidden": self.copy_hidden,
+            "syncs": self.syncs,
             "wait_fraction": self.wait_fraction,
             "throughput": self.throughput,
             "peak_main_mib": mib(self.peak_main_bytes),
@@ -326,18 +353,20 @@ class LoaderTrial:
         }
 
     def timeline(self):
-        """Per-iteration pandas DataFrame: ``iteration, start_s, wait_s, copy_s, compute_s, batch_size,
-        steady`` (False for iteration 0), and ``main_mib, workers_mib`` when memory was sampled.
-        ``start_s`` is the iteration's start on the trial's clock (memory sampling left out)."""
+        """Per-iteration pandas DataFrame: ``iteration, start_s, wait_s, copy_s, overlap_s, compute_s,
+        batch_size, steady`` (False for iteration 0), and ``main_mib, workers_mib`` when memory was sampled.
+        ``start_s`` is the iteration's start on the trial's clock (memory sampling left out), counting only the
+        copy time not hidden under a compute (``copy_s - overlap_s``)."""
         import pandas as pd
 
         starts, t = [], 0.0
-        for w, c, k in zip(self.wait_s, self.copy_s, self.compute_s):
+        for w, c, o, k in zip(self.wait_s, self.copy_s, self.overlap_s, self.compute_s):
             starts.append(t)
-            t += w + c + k
+            t += w + c - o + k
         df = pd.DataFrame({
             "iteration": range(self.n_iters), "start_s": starts, "wait_s": self.wait_s, "copy_s": self.copy_s,
-            "compute_s": self.compute_s, "batch_size": self.batch_sizes, "steady": [i > 0 for i in range(self.n_iters)],
+            "overlap_s": self.overlap_s, "compute_s": self.compute_s, "batch_size": self.batch_sizes,
+            "steady": [i > 0 for i in range(self.n_iters)],
         })
         if self.main_bytes:
             df["main_mib"] = [b / _MiB for b in self.main_bytes]
@@ -351,6 +380,96 @@ class LoaderTrial:
                 f"first batch after {self.first_batch_s:.2f} s{mem}")
 
 
+# --------------------------------------------------------------------------------------------------------
+# The device calls of a trial, behind small methods
+# --------------------------------------------------------------------------------------------------------
+
+class _HostEvent:
+    """A host-clock stand-in for ``torch.cuda.Event(enable_timing=True)`` (CPU runs)."""
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+
+    def record(self, stream=None) -> None:
+        self.t = time.perf_counter()
+
+
+class TransferOps:
+    """Every device-specific call :func:`profile_loader` makes, one small method each, so that its loop runs
+    unchanged on a CPU (and in tests, with a recording stand-in).
+
+    On a GPU: a copy stream (``torch.cuda.Stream``), timing events (``torch.cuda.Event``, read after the final
+    synchronisation, so recording them never blocks the host), ``wait_stream`` (the step's stream waits on the
+    GPU for the copy, the host does not), ``record_stream`` (the caching allocator must not reuse a batch the
+    copy stream allocated while the step's stream still reads it) and ``torch.cuda.synchronize``.
+    On a CPU: no stream, host-clock events, ``synchronize`` does nothing; ``.to("cpu")`` returns the tensor
+    itself. ``syncs`` counts the synchronisations the loop asked for."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.syncs = 0
+
+    def is_pinned(self, x) -> bool:
+        """Whether ``x`` is in page-locked host memory (only then can a copy run while the host goes on)."""
+        try:
+            return isinstance(x, torch.Tensor) and x.is_pinned()
+        except RuntimeError:  # no accelerator in this build
+            return False
+
+    def new_stream(self):
+        return torch.cuda.Stream(self.device) if self.cuda else None
+
+    def on_stream(self, stream):
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+    def event(self):
+        return torch.cuda.Event(enable_timing=True) if self.cuda else _HostEvent()
+
+    def record(self, event, stream=None) -> None:
+        if self.cuda:
+            event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
+        else:
+            event.record()
+
+    def copy(self, x, non_blocking: bool):
+        return x.to(self.device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
+
+    def wait_for(self, stream) -> None:
+        """The step's (current) stream waits for everything queued on ``stream``: on the GPU, not the host."""
+        if self.cuda and stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def hand_over(self, *tensors) -> None:
+        """Tensors made on the copy stream are now used by the current stream (``record_stream``)."""
+        if self.cuda:
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.is_cuda:
+                    t.record_stream(torch.cuda.current_stream(self.device))
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        synchronize(self.device)
+
+    def seconds(self, start, end) -> float:
+        """Seconds from event ``start`` to event ``end`` (both recorded, the device synchronised since)."""
+        if self.cuda:
+            return start.elapsed_time(end) / 1000.0
+        return end.t - start.t
+
+
+def overlap_seconds(copies: list[tuple[float, float]], computes: list[tuple[float, float]]) -> list[float]:
+    """For each copy interval ``(start, end)``, the seconds it spent while some compute interval was running
+    (its intersection with the union of the computes; times on one clock)."""
+    merged: list[list[float]] = []
+    for a, b in sorted(computes):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [sum(max(0.0, min(b, e) - max(a, s)) for s, e in merged) for a, b in copies]
+
+
 def _split_batch(batch) -> tuple[Any, Any]:
     if isinstance(batch, torch.Tensor):
         return batch, None
@@ -358,10 +477,6 @@ def _split_batch(batch) -> tuple[Any, Any]:
         return batch[0], batch[1]
     raise TypeError(f"profile_loader expects batches (images, labels, ...) or a tensor, got {type(batch).__name__}: "
                     f"give the dataset a transform that makes tensors, e.g. transform=light_transform()")
-
-
-def _move(x, device: torch.device, non_blocking: bool):
-    return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
 
 
 def _count(images) -> int:
@@ -374,18 +489,33 @@ def _count(images) -> int:
 def profile_loader(loader, n_iters: int, *, compute: Callable[[Any, Any], Any] | None = None,
                    device: str | torch.device = "cpu", non_blocking: bool = False, sample_memory: bool = True,
                    memory_metric: str = "auto", desc: str | None = None, progress: bool = True,
-                   label: str | None = None) -> LoaderTrial:
+                   label: str | None = None, ops: TransferOps | None = None) -> LoaderTrial:
     """Run ``loader`` for ``n_iters`` batches (fewer if it is shorter) and time where each iteration goes.
 
-    Per iteration, with ``time.perf_counter``:
+    Per iteration:
 
-    * ``wait``: blocked in ``next(iterator)``, i.e. the loader was not ready. With workers this is only
-      the part of their work that did not overlap with the previous step.
-    * ``copy``: ``images.to(device, non_blocking=...)`` and ``labels.to(...)``, then a synchronize on CUDA
-      so the copy is really over (with ``non_blocking=True`` and ``pin_memory=True`` the copy can overlap
-      with compute in a real loop; here it is synchronised to be measured).
-    * ``compute``: ``compute(images, labels)`` (e.g. a training step of the model), synchronised on CUDA;
+    * ``wait``: blocked in ``next(iterator)`` (host clock), i.e. the loader was not ready. With workers this
+      is only the part of their work that did not overlap with the previous step.
+    * ``copy``: ``images.to(device, non_blocking=...)`` and ``labels.to(...)``, timed with device events.
+    * ``compute``: ``compute(images, labels)`` (e.g. a training step of the model), timed with device events;
       0 when ``compute`` is None (then the trial measures the loader alone).
+
+    Two loops, because a copy can only overlap the compute when the loop lets it:
+
+    * ``"serial"`` (pageable batches, or ``non_blocking=False``): fetch, copy, compute, then one
+      synchronisation per step. A copy from pageable memory cannot run while the host goes on anyway (the
+      driver stages it through a pinned buffer of its own).
+    * ``"overlap"`` (the batches are pinned, ``pin_memory=True``, and ``non_blocking=True``): the copy of
+      batch ``i+1`` is issued on a separate copy stream right after step ``i`` is launched, the step's stream
+      waits for its batch on the GPU (``wait_stream``), and the host never waits for a copy: it synchronises
+      once after iteration 0 (to keep its one-off costs out) and once at the end, where the numbers are read.
+      The trial's ``overlap_s`` is, per batch, the copy time that ran while a step was computing (from the
+      events' timestamps), ``copy_hidden`` its share, and the steady-state time is the host's clock up to
+      that final synchronisation.
+
+    On a CPU both loops run (the logic is the same), but there is no copy engine and no stream:
+    ``.to("cpu")`` returns the tensor itself, so nothing can overlap (:func:`overlap_sentence` says so).
+    ``ops``: the device calls (default :class:`TransferOps` of ``device``; tests pass a recording stand-in).
 
     The clock starts *before* ``iter(loader)``, which is when worker processes are started (unless
     ``persistent_workers`` kept those of a previous iterator): the first iteration's wait is the
@@ -409,6 +539,7 @@ def profile_loader(loader, n_iters: int, *, compute: Callable[[Any, Any], Any] |
         raise ValueError(f"n_iters must be an integer >= 2 (iteration 0 is the first-batch latency, the steady "
                          f"state starts at 1), got {n_iters!r}")
     device = torch.device(device)
+    ops = ops if ops is not None else TransferOps(device)
     settings = loader_settings(loader)
     label = label if label is not None else _label(settings)
     sampler = _MemorySampler(memory_metric) if sample_memory else None
@@ -416,41 +547,85 @@ def profile_loader(loader, n_iters: int, *, compute: Callable[[Any, Any], Any] |
     from tqdm.auto import tqdm
 
     bar = tqdm(total=n_iters, desc=desc if desc is not None else label, leave=False, disable=not progress)
-    wait, copy, comp, sizes, main_mem, workers_mem = [], [], [], [], [], []
-    overhead = 0.0
-    workers: list = []
-    synchronize(device)
+    wait, sizes, main_mem, workers_mem = [], [], [], []
+    copy_events, compute_events = [], []
+    state: dict[str, Any] = {"overhead": 0.0, "workers": [], "stream": None, "mode": "serial", "pinned": None}
+    steady_wall = None
+    ops.synchronize()
+    ref = ops.event()
+    ops.record(ref)  # the origin of the device timestamps
     t_start = time.perf_counter()
     iterator = iter(loader)
     iter_s = time.perf_counter() - t_start
+
+    def fetch(t0: float):
+        """The next batch moved to the device (its copy issued), or None at the end of the loader."""
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return None
+        wait.append(time.perf_counter() - t0)
+        images, labels = _split_batch(batch)
+        if state["pinned"] is None:  # the first batch decides how the copies are issued
+            state["pinned"] = ops.is_pinned(images)
+            if non_blocking and state["pinned"]:
+                state["mode"], state["stream"] = "overlap", ops.new_stream()
+        start, end = ops.event(), ops.event()
+        with ops.on_stream(state["stream"]):
+            ops.record(start, state["stream"])
+            moved = ops.copy(images, non_blocking), ops.copy(labels, non_blocking)
+            ops.record(end, state["stream"])
+        copy_events.append((start, end))
+        sizes.append(_count(images))
+        return moved
+
+    def step(moved) -> None:
+        if state["stream"] is not None:  # wait for this batch's copy on the device, not on the host
+            ops.wait_for(state["stream"])
+            ops.hand_over(*moved)
+        start, end = ops.event(), ops.event()
+        ops.record(start)
+        if compute is not None:
+            compute(*moved)
+        ops.record(end)
+        compute_events.append((start, end))
+
+    def after_step(i: int) -> None:
+        if sampler is not None:
+            t = time.perf_counter()
+            if i == 0:
+                state["workers"] = sampler.worker_processes(iterator, settings["num_workers"])
+            m, w = sampler.sample(state["workers"])
+            main_mem.append(m)
+            workers_mem.append(w)
+            state["overhead"] += time.perf_counter() - t
+        bar.update(1)
+
     try:
-        for i in range(n_iters):
-            t0 = t_start if i == 0 else time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            images, labels = _split_batch(batch)
-            images, labels = _move(images, device, non_blocking), _move(labels, device, non_blocking)
-            synchronize(device)
-            t2 = time.perf_counter()
-            if compute is not None:
-                compute(images, labels)
-                synchronize(device)
-            t3 = time.perf_counter()
-            wait.append(t1 - t0)
-            copy.append(t2 - t1)
-            comp.append(t3 - t2 if compute is not None else 0.0)
-            sizes.append(_count(images))
-            if sampler is not None:
-                if i == 0:
-                    workers = sampler.worker_processes(iterator, settings["num_workers"])
-                m, w = sampler.sample(workers)
-                main_mem.append(m)
-                workers_mem.append(w)
-                overhead += time.perf_counter() - t3
-            bar.update(1)
+        moved = fetch(t_start)
+        if moved is not None:
+            step(moved)
+            ops.synchronize()  # end of iteration 0 (worker start, warm-ups): kept out of the steady state
+            after_step(0)
+        if state["mode"] == "serial":
+            for i in range(1, n_iters):
+                moved = fetch(time.perf_counter()) if moved is not None else None
+                if moved is None:
+                    break
+                step(moved)
+                ops.synchronize()  # one per step: the host waits until the step (and its copy) is over
+                after_step(i)
+        else:
+            overhead0, t_steady = state["overhead"], time.perf_counter()
+            moved = fetch(t_steady)  # batch 1 is copied while ...
+            for i in range(1, n_iters):
+                if moved is None:
+                    break
+                step(moved)  # ... step i computes; batch i+1's copy is issued right after its launch
+                moved = fetch(time.perf_counter()) if i + 1 < n_iters else None
+                after_step(i)
+            ops.synchronize()  # the only wait for the device in the steady state: the numbers are read now
+            steady_wall = time.perf_counter() - t_steady - (state["overhead"] - overhead0)
     finally:
         bar.close()
         del iterator  # shuts non-persistent workers down now rather than at the next garbage collection
@@ -460,10 +635,40 @@ def profile_loader(loader, n_iters: int, *, compute: Callable[[Any, Any], Any] |
     if len(wait) < 2:
         warnings.warn("the loader produced a single batch: no steady state to measure (throughput is NaN); "
                       "use a longer loader or smaller batches", UserWarning, stacklevel=2)
-    return LoaderTrial(settings=settings, wait_s=wait, copy_s=copy, compute_s=comp, batch_sizes=sizes,
+    n = len(compute_events)
+    copy_iv = [(ops.seconds(ref, a), ops.seconds(ref, b)) for a, b in copy_events[:n]]
+    comp_iv = [(ops.seconds(ref, a), ops.seconds(ref, b)) for a, b in compute_events]
+    copy = [b - a for a, b in copy_iv]
+    comp = [b - a if compute is not None else 0.0 for a, b in comp_iv]
+    hidden = overlap_seconds(copy_iv, comp_iv) if compute is not None else [0.0] * n
+    return LoaderTrial(settings=settings, wait_s=wait[:n], copy_s=copy, compute_s=comp, batch_sizes=sizes[:n],
                        first_batch_s=wait[0], iter_s=iter_s, main_bytes=main_mem, workers_bytes=workers_mem,
                        memory_metric=sampler.metric if sampler is not None else None,
-                       memory_overhead_s=overhead, device=str(device), label=label)
+                       memory_overhead_s=state["overhead"], device=str(device), label=label,
+                       mode=state["mode"], pinned=state["pinned"], overlap_s=hidden, syncs=ops.syncs,
+                       steady_wall_s=steady_wall)
+
+
+def overlap_sentence(trial: LoaderTrial, baseline: LoaderTrial | None = None) -> str:
+    """One sentence, from the numbers, on what ``trial`` (pinned batches, ``non_blocking=True``) showed about
+    overlapping the copy with the compute; ``baseline``: the same loader without them, for the throughputs.
+    On a CPU it says what such a run cannot show."""
+    copy_ms = trial.median_copy_s * 1000
+    if torch.device(trial.device).type != "cuda":
+        return (f"On this CPU the 'copy' is .to('cpu'), which returns the tensor itself ({copy_ms:.3f} ms per batch "
+                f"measured): there is no copy engine and no second stream, so there is no copy to hide and no "
+                f"overlap to see; pinned memory and non_blocking only matter for copies to a GPU.")
+    if trial.mode != "overlap":
+        why = "the batches were not in pinned memory" if not trial.pinned else "non_blocking was False"
+        return (f"No overlap was possible in {trial.label}: {why}, so every copy ({copy_ms:.2f} ms per batch) "
+                f"ran before its step, one after the other.")
+    out = (f"In {trial.label}, {trial.copy_hidden:.0%} of the copy time ({copy_ms:.2f} ms per batch, median) ran "
+           f"while a training step was computing, with {trial.syncs} host synchronisations in {trial.n_iters} "
+           f"iterations")
+    if baseline is not None:
+        out += (f"; throughput {trial.throughput:,.0f} img/s against {baseline.throughput:,.0f} img/s for "
+                f"{baseline.label} ({baseline.mode}, {baseline.syncs} synchronisations)")
+    return out + "."
 
 
 def epoch_start_latency(loader, n_epochs: int = 2, *, full_epoch: bool = False) -> list[float]:

@@ -29,7 +29,9 @@ def plot_timeline(trials: LoaderTrial | list[LoaderTrial], labels: list[str] | N
     """A profiler-like timeline per trial (one row each, shared time axis): each iteration is a strip of
     ``wait`` (red: the loop is blocked on the loader), ``copy`` (purple: host to device) then ``compute``
     (blue). Iteration 0 (first batch, worker start-up) is hatched. A healthy loader shows solid blue with
-    thin red slivers; an input-bound one shows red gaps between the blue blocks.
+    thin red slivers; an input-bound one shows red gaps between the blue blocks. Only the copy time *not*
+    hidden under a compute is drawn (``copy_s - overlap_s``: all of it in a serial trial); the share hidden
+    is written next to a trial that overlapped its copies.
 
     ``labels`` default to each trial's label; ``max_iters`` draws only the first iterations.
     """
@@ -49,15 +51,16 @@ def plot_timeline(trials: LoaderTrial | list[LoaderTrial], labels: list[str] | N
         t = 0.0
         n = trial.n_iters if max_iters is None else min(max_iters, trial.n_iters)
         for i in range(n):
-            for part, width in (("wait", trial.wait_s[i]), ("copy", trial.copy_s[i]),
-                                ("compute", trial.compute_s[i])):
+            exposed = max(0.0, trial.copy_s[i] - trial.overlap_s[i])
+            for part, width in (("wait", trial.wait_s[i]), ("copy", exposed), ("compute", trial.compute_s[i])):
                 if width > 0:
                     ax.barh(0, width, left=t, height=0.6, color=_COLORS[part], edgecolor="white", linewidth=0.3,
                             hatch="//" if i == 0 else None, alpha=0.6 if i == 0 else 1.0)
                 t += width
         ax.set_yticks([0], [name])
         ax.set_ylim(-0.5, 0.5)
-        ax.text(1.0, 0.5, f"  {trial.throughput:,.0f} img/s\n  wait {trial.wait_fraction:.0%}",
+        hidden = f"\n  copy hidden {trial.copy_hidden:.0%}" if trial.mode == "overlap" else ""
+        ax.text(1.0, 0.5, f"  {trial.throughput:,.0f} img/s\n  wait {trial.wait_fraction:.0%}{hidden}",
                 transform=ax.transAxes, va="center", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("time (s) from iter(loader)")
