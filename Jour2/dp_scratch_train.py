@@ -313,16 +313,18 @@ def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequ
 # ---------------------------------------------------------------------------------------------------
 # The measurements (not an exercise)
 # ---------------------------------------------------------------------------------------------------
-def make_model(hidden: Sequence[int], seed: int, device: torch.device) -> nn.Module:
+def make_model(args, seed: int, device: torch.device) -> nn.Module:
+    """The MLP of ``args.hidden`` on flattened 3 x image_size x image_size images (same weights for the same seed)."""
     torch.manual_seed(seed)
-    return MLP(in_features=3 * 32 * 32, hidden=tuple(hidden), num_classes=10).to(device)
+    return MLP(in_features=3 * args.image_size ** 2, hidden=tuple(args.hidden), num_classes=10).to(device)
 
 
-def make_batches(n: int, batch: int, device: torch.device, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(args, n: int, device: torch.device, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Random images and labels, generated on each rank with its own seed (each rank has its own slice)."""
     gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch, 3, 32, 32, generator=gen).to(device), torch.randint(0, 10, (batch,), generator=gen).to(device))
-            for _ in range(n)]
+    size, batch = args.image_size, args.per_rank_batch
+    return [(torch.randn(batch, 3, size, size, generator=gen).to(device),
+             torch.randint(0, 10, (batch,), generator=gen).to(device)) for _ in range(n)]
 
 
 def train_step(model: nn.Module, sync: GradSync, batch, criterion, optimizer, timeline: Timeline | None = None) -> None:
@@ -342,7 +344,7 @@ def train_step(model: nn.Module, sync: GradSync, batch, criterion, optimizer, ti
 
 def build(version: str, args, device: torch.device, *, bucket_mb: float | None = None, seed: int = 0):
     """A fresh model (same initial weights on every rank), its optimizer and its GradSync."""
-    model = make_model(args.hidden, seed, device)
+    model = make_model(args, seed, device)
     if version == "DDP":
         cap = {} if bucket_mb is None else {"bucket_cap_mb": bucket_mb}  # None: DDP's default (25 MiB)
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **cap)
@@ -368,9 +370,9 @@ def drift(args, ctx, device: torch.device) -> dict:
     apart are their weights after a few steps, with and without broadcast_state first?"""
     out = {}
     criterion = nn.CrossEntropyLoss()
-    batches = make_batches(args.drift_steps, args.per_rank_batch, device, seed=1000 + ctx.rank)
+    batches = make_batches(args, args.drift_steps, device, seed=1000 + ctx.rank)
     for label, do_broadcast in (("without broadcast", False), ("with broadcast", True)):
-        model = make_model(args.hidden, seed=ctx.rank, device=device)
+        model = make_model(args, seed=ctx.rank, device=device)
         if do_broadcast:
             broadcast_state(model)
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -392,7 +394,7 @@ def gantt_events(version: str, args, ctx, device: torch.device, bucket_mb: float
     if version == "DDP":  # DDP's own all-reduces happen in C++; the Python default hook makes them visible
         model.register_comm_hook(None, default_hooks.allreduce_hook)
     criterion = nn.CrossEntropyLoss()
-    batches = make_batches(args.gantt_steps, args.per_rank_batch, device, seed=2000 + ctx.rank)
+    batches = make_batches(args, args.gantt_steps, device, seed=2000 + ctx.rank)
     timeline = Timeline(device, rank=ctx.rank)
     with record_collectives(timeline):
         for step, batch in enumerate(batches):
@@ -410,8 +412,8 @@ def candidates(args, ctx, device: torch.device) -> list[bench.Candidate]:
     versions, the compute-only step, the bucket sizes, and accumulation over k micro-batches with no_sync."""
     criterion = nn.CrossEntropyLoss()
     global_batch = args.per_rank_batch * ctx.world_size
-    batches = make_batches(4, args.per_rank_batch, device, seed=3000 + ctx.rank)
-    micro = [make_batches(args.accum, args.per_rank_batch, device, seed=4000 + 10 * ctx.rank + j) for j in range(2)]
+    batches = make_batches(args, 4, device, seed=3000 + ctx.rank)
+    micro = [make_batches(args, args.accum, device, seed=4000 + 10 * ctx.rank + j) for j in range(2)]
     out = []
     configs = [("compute only", None), ("naive", None), ("overlap", None), ("DDP", None)]
     configs += [("buckets", mb) for mb in args.bucket_mb] + [("DDP", mb) for mb in args.bucket_mb if mb != 25]
@@ -436,6 +438,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=ints, default=[512, 512, 512, 512], help="hidden widths of the MLP, e.g. 512,512")
+    p.add_argument("--image-size", type=int, default=32, help="random images of 3 x SIZE x SIZE (the MLP's input)")
     p.add_argument("--per-rank-batch", type=int, default=32)
     p.add_argument("--bucket-mb", type=floats, default=[0.25, 1.0, 4.0, 25.0], help="bucket sizes to time (MiB)")
     p.add_argument("--accum", type=int, default=4, help="micro-batches per step in the accumulation runs")
@@ -457,7 +460,7 @@ def main(argv=None) -> None:
     try:
         if not ctx.is_distributed:
             raise SystemExit("run it on several processes: torchrun --nproc_per_node 2 dp_scratch_train.py")
-        probe = make_model(args.hidden, 0, device)
+        probe = make_model(args, 0, device)
         params = [p for p in probe.parameters()]
         say(f"{ctx.world_size} processes ({dist.get_backend()}), rank 0 on {device}; MLP {args.hidden}: "
             f"{count_parameters(probe) / 1e6:.2f} M parameters, {len(params)} tensors, "

@@ -168,7 +168,7 @@ def test_exposed_comm_and_gantt_from_events():
 # ----------------------------------------------------------------------------------------------------
 @distributed
 def test_course_script_run_records_drift_events_and_timings(tmp_path):
-    args = ["--hidden", "16,16", "--per-rank-batch", "4", "--bucket-mb", "0.001,25", "--accum", "2",
+    args = ["--image-size", "8", "--hidden", "16,16", "--per-rank-batch", "4", "--bucket-mb", "0.001,25", "--accum", "2",
             "--accum-bucket-mb", "0.001", "--gantt-bucket-mb", "0.001", "--repeats", "2", "--warmup-max-calls", "3",
             "--gantt-steps", "2", "--drift-steps", "2"]
     records = launch(SCRIPT, args, nproc=2, records_dir=tmp_path / "records", timeout_s=900, use_srun=False,

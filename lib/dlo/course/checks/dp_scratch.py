@@ -65,8 +65,14 @@ def peer_results(script: Path, nproc: int = NPROC, timeout_s: float = 600) -> di
 
 def _check(step: str, ns: dict, anchor: Any) -> None:
     """In this process first (a group of one), then on NPROC processes."""
-    with one_process_group():
-        local = run_case(step, ns)
+    try:
+        with one_process_group():
+            local = run_case(step, ns)
+    except (NotImplementedError, CheckFailed):
+        raise
+    except Exception as exc:  # noqa: BLE001 -- the student's code raised: say so in one line
+        raise CheckFailed(f"your code raised {type(exc).__name__}: {' '.join(str(exc).split())[:200]} "
+                          "(in a process group of one)") from None
     expect(local["verdict"] == "ok", local["verdict"])
     verdict = peer_results(_script_of(anchor)).get(step, {"verdict": "no answer from the check run"})["verdict"]
     if "NotImplementedError" in verdict:
