@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PROFILE ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: all install run test test-fast test-browser gpu-check student check-student lab clean distclean help
+.PHONY: all install run test test-fast test-browser test-compat gpu-check student check-student lab clean distclean help
 
 all: help
 
@@ -21,6 +21,7 @@ help:
 	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
 	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
 	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
+	@echo "make test-compat - the lib and distributed tests under torch 2.11 (what GPU nodes have), in .cache/venv-compat"
 	@echo "make gpu-check - on a GPU node: every full-profile benchmark against its target -> results/"
 	@echo "make student  - regenerate the student notebooks from the sources"
 	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
@@ -65,6 +66,24 @@ PLAYWRIGHT ?= playwright==1.65.2
 test-browser: $(STAMP)
 	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "$(PLAYWRIGHT)"
 	DLO_BROWSER_TEST=1 $(VENV)/bin/python -m pytest tests/test_browser.py -v -p no:cacheprovider $(PYTEST_ARGS)
+
+# The library and distributed tests under the torch the GPU nodes have (2.11, with torchvision 0.26), in a second
+# venv holding only what such a node has: torch, torchvision, transformers, matplotlib, pandas, tqdm, tensorboard
+# (no DeepSpeed, Ray, Optuna or Jupyter: their tests skip). PyPI's torch 2.11 is a CUDA build (~4.5 GB); it runs
+# on the CPU. Not part of `make test` (first run: a few minutes of download).
+COMPAT_VENV ?= $(CACHE)/venv-compat
+COMPAT_TORCH ?= torch==2.11.0 torchvision==0.26.0
+COMPAT_TESTS ?= tests/test_fsdp.py tests/test_pipeline.py tests/test_p2p_replay.py tests/test_tp.py tests/test_ddp.py \
+	tests/test_llama.py tests/test_jit.py tests/test_models.py tests/test_grid.py tests/test_gpu_check.py \
+	tests/test_layers.py tests/test_train.py tests/test_resume_switches.py tests/test_security.py tests/test_bench.py \
+	tests/test_augment.py tests/test_memory.py tests/test_launcher.py
+test-compat:
+	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install -q $(COMPAT_TORCH)
+	$(COMPAT_VENV)/bin/python -m pip install -q $$(grep -E '^(numpy|pandas|matplotlib|tqdm|psutil|pillow|pytest|pytest-xdist|hypothesis|transformers|tensorboard)==' requirements.txt)
+	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(COMPAT_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('2.11'), torch.__version__"
+	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
 
 # Every full-profile benchmark on this GPU node (results/README.md). It runs with whatever Python has torch: the
 # venv when there is one, else $(PYTHON) (a cluster module), so that no pip install is needed on the node.
