@@ -49,6 +49,14 @@ HINTS: dict[tuple[str, str], Hint] = {
         "divide the gradients by it before the update, and skip steps whose gradients overflowed.",
         "torch.amp.GradScaler: its scale(...) method on the loss (the backward goes through what it returns), "
         "then its step(optimizer) and update() methods."),
+    ("jour1", "fp16_clip"): _h(
+        "Write an fp16 training step whose gradients are clipped to a total norm of max_norm in their true units "
+        "(not in the loss scale's), and whose update is still skipped when they overflow.",
+        "After a scaled backward the gradients are the true ones times the scale: their norm must be measured "
+        "after dividing them back, once, and the scaler must know they are already divided so that its step "
+        "neither divides them again nor forgets to skip an overflowed step.",
+        "The scaler's scale(...) for the backward, its unscale_(optimizer) method, "
+        "torch.nn.utils.clip_grad_norm_ on the model's parameters, then the scaler's step(optimizer) and update()."),
     ("jour1", "channels_last"): _h(
         "Store the model's weights and the images in NHWC memory layout, without changing their shapes or values, "
         "so that Tensor Cores read convolutions' inputs contiguously.",

@@ -166,6 +166,133 @@ def _check_fp16(train_step_fp16: Callable) -> str:
     return "fp16 autocast, backward on the scaled loss, scaler.step then scaler.update: the update has the right size"
 
 
+def _grad_norm(params) -> float:
+    """The total 2-norm of the gradients of ``params`` (those that have one), as clip_grad_norm_ computes it."""
+    grads = [p.grad.detach().float().flatten() for p in params if p.grad is not None]
+    return torch.cat(grads).norm().item() if grads else 0.0
+
+
+def _close(a: float, b: float, rel: float = 0.02) -> bool:
+    return abs(a - b) <= rel * abs(b)
+
+
+@register("jour1", "fp16_clip", ("train_step_fp16_clip",), J1)
+def _check_fp16_clip(train_step_fp16_clip: Callable) -> str:
+    # A loss scale small enough that the scaled fp16 backward does not overflow on these inputs, and a loss 20x
+    # cross-entropy so that the gradient norm (about 11) is above the thresholds a student might hard-code.
+    scale, lr, k = 2.0**12, 0.1, 20.0
+    x, y = _batch()
+
+    def criterion(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return k * nn.functional.cross_entropy(out, target)
+
+    torch.manual_seed(0)
+    ref = _Recorder()
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        ref_loss = criterion(ref(x), y)
+    ref_loss.backward()  # the true (unscaled) gradients of this step
+    true_norm = _grad_norm(ref.parameters())
+
+    def run(max_norm: float, images: torch.Tensor) -> dict[str, Any]:
+        calls: list[tuple[str, float]] = []
+
+        class SpyScaler(torch.amp.GradScaler):
+            """Records each call, and for unscale_ the gradient norm at that moment."""
+
+            def scale(self, outputs):  # type: ignore[override]
+                calls.append(("scale", 0.0))
+                return super().scale(outputs)
+
+            def unscale_(self, optimizer):  # type: ignore[override]
+                params = [p for g in optimizer.param_groups for p in g["params"]]
+                calls.append(("unscale_", _grad_norm(params)))
+                return super().unscale_(optimizer)
+
+            def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
+                calls.append(("step", 0.0))
+                return super().step(optimizer, *args, **kwargs)
+
+            def update(self, new_scale=None):  # type: ignore[override]
+                calls.append(("update", 0.0))
+                return super().update(new_scale)
+
+        torch.manual_seed(0)
+        model = _Recorder()
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        before = _snapshot(model)
+        scaler = SpyScaler("cpu", init_scale=scale)
+        try:
+            train_step_fp16_clip(model, images, y, opt, criterion, scaler, max_norm)
+        except RuntimeError as exc:  # GradScaler's own refusals, e.g. unscale_ twice
+            if "unscale_() has already been called" in str(exc):
+                raise CheckFailed("call scaler.unscale_(optimizer) once per step: GradScaler refused a second call "
+                                  "before scaler.update() (the gradients would be divided by the scale twice)") from None
+            raise
+        names = [c for c, _ in calls]
+        explicit = [n for c, n in calls[:names.index("step")] if c == "unscale_"] if "step" in names else \
+            [n for c, n in calls if c == "unscale_"]
+        return {"model": model, "calls": names, "unscale_norms": explicit, "before": before,
+                "norm": _grad_norm(model.parameters()), "scale_after": scaler.get_scale(),
+                "changed": _params_changed(model, before)}
+
+    a = run(true_norm / 4, x)
+    expect(bool(a["model"].seen) and a["model"].seen[-1]["autocast"] and a["model"].seen[-1]["dtype"] == torch.float16,
+           "run the forward pass inside torch.autocast(..., dtype=torch.float16)")
+    calls = a["calls"]
+    expect(calls[:1] == ["scale"], "call scaler.scale(loss).backward(), not loss.backward()")
+    expect("step" in calls,
+           "do the step with scaler.step(optimizer), not optimizer.step(): it skips the step when the gradients "
+           "overflowed (and does not unscale them again after your unscale_)")
+    expect("update" in calls and calls.index("step") < calls.index("update"),
+           "call scaler.update() after scaler.step(optimizer): it adapts the scale for the next step")
+    b = run(true_norm * 0.4, x)
+    na, nb = a["norm"], b["norm"]
+    ma, mb = true_norm / 4, true_norm * 0.4
+    if _close(na, ma) and _close(nb, mb):
+        unscaled_at = a["unscale_norms"]
+        expect(not unscaled_at or _close(unscaled_at[0], true_norm * scale),
+               "call scaler.unscale_(optimizer) right after backward, before anything else touches the gradients")
+    else:
+        expect(not _close(na, true_norm),
+               f"the gradients were not clipped: their norm after the step is {na:.3g}, above max_norm={ma:.3g}; clip "
+               f"them with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) (clipping the loss does not "
+               f"bound the gradients)")
+        unscaled_at = a["unscale_norms"]  # the gradient norm when the student called unscale_ (before step)
+        if _close(na * scale, ma, 0.05) or _close(na * scale, true_norm, 0.05):  # off by exactly the scale
+            expect(bool(unscaled_at),
+                   f"you clipped the gradients while they were still multiplied by the loss scale ({scale:.0f}), or "
+                   f"divided them by it twice: call scaler.unscale_(optimizer) (not a division of your own) before "
+                   f"clip_grad_norm_; scaler.step then does not unscale them again")
+            expect(not _close(unscaled_at[0], ma, 0.05),
+                   f"you clipped before scaler.unscale_(optimizer): the gradients were still multiplied by the loss "
+                   f"scale ({scale:.0f}), so the threshold was max_norm x scale in true units; unscale first, then clip")
+            expect(False,
+                   f"the gradients were divided by the loss scale twice (norm {na:.3g}, {scale:.0f}x too small): "
+                   f"scaler.unscale_ already divided them, and scaler.step does not do it again after unscale_")
+        expect(not (_close(na, nb) and not _close(na, ma)),
+               f"clip to the max_norm argument: asked for {ma:.3g} then {mb:.3g}, the gradient norm after the step "
+               f"was {na:.3g} both times")
+        expect(False, f"after the step the gradient norm is {na:.3g}, expected max_norm={ma:.3g}: unscale, then clip "
+                      f"the norm of all gradients together with torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                      f"max_norm)")
+    # the update used the clipped gradients: SGD moves each parameter by lr x its gradient
+    delta = torch.cat([(p.detach() - a["before"][n]).flatten() for n, p in a["model"].named_parameters()])
+    expect(_close(delta.norm().item(), lr * ma, 0.05),
+           f"the update has norm {delta.norm().item():.3g}, expected lr x max_norm = {lr * ma:.3g}: step once, after "
+           f"clipping")
+    # an overflowing step (an inf in the input) is skipped, and the scale lowered for the next one
+    bad = x.clone()
+    bad[0, 0, 0, 0] = float("inf")
+    c = run(true_norm / 4, bad)
+    expect(not c["changed"],
+           "the step was not skipped although the gradients overflowed (inf/NaN): let scaler.step(optimizer) do it")
+    expect(c["scale_after"] < scale,
+           f"after an overflow scaler.update() must lower the scale (it stayed {c['scale_after']:.0f}): call it "
+           f"after scaler.step(optimizer)")
+    return (f"unscale_ before clipping: the gradients are clipped to max_norm in true units (norm {na:.3g} asked "
+            f"{ma:.3g}), the update uses them, and an overflowing step is skipped with the scale lowered")
+
+
 @register("jour1", "channels_last", ("to_channels_last",), J1)
 def _check_channels_last(to_channels_last: Callable) -> str:
     model = _Recorder()

@@ -1,0 +1,17 @@
+"""Calls scaler.unscale_ before clipping and again after it, "to be sure"."""
+import torch
+
+EXPECT = 'once per step'
+
+
+def train_step_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):
+    with torch.autocast(device_type=images.device.type, dtype=torch.float16):
+        loss = criterion(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
