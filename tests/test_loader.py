@@ -360,7 +360,7 @@ def test_shm_status(monkeypatch, tmp_path):
     status = dl.shm_status(tmp_path)
     assert keys <= set(status) and status["exists"] and status["total_bytes"] > 0
     assert status["sharing_strategy"] in status["sharing_strategies"]
-    monkeypatch.setattr(dl, "SHM_PATH", tmp_path / "missing")
+    monkeypatch.setattr(dl.advice, "SHM_PATH", tmp_path / "missing")
     status = dl.shm_status()
     assert keys <= set(status)
     assert status["exists"] is False and status["total_bytes"] is None and "does not exist" in status["advice"]
@@ -383,7 +383,7 @@ def test_plots(tmp_path):
     df = pd.DataFrame([t.row() for t in trials]).drop(columns="label")  # labels then come from the settings
     fig = loader_plots.plot_trials(df, path=tmp_path / "sub" / "trials.png")
     assert isinstance(fig, Figure) and (tmp_path / "sub" / "trials.png").stat().st_size > 0
-    assert dl._row_labels(df) == ["batch_size=8", "batch_size=4"]
+    assert dl.row_labels(df) == ["batch_size=8", "batch_size=4"]
     import matplotlib.pyplot as plt
 
     plt.close("all")

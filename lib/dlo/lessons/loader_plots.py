@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 
-from dlo.lessons.loader import LoaderTrial
-from dlo.lessons.loader import _row_labels
+from dlo.lessons.loader.advice import row_labels
+from dlo.lessons.loader.trial import LoaderTrial
 from dlo.measure.plots import _save as save
 
 
@@ -82,7 +82,7 @@ def plot_trials(df, path: str | Path | None = None, *, title: str = "DataLoader 
     for col in ("throughput", "wait_fraction"):
         if col not in df.columns:
             raise ValueError(f"plot_trials needs a {col!r} column: build df from LoaderTrial.row()")
-    names = _row_labels(df)
+    names = row_labels(df)
     values = [float(v) for v in df["throughput"]]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.2))
     x = range(len(names))
