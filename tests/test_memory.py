@@ -9,6 +9,7 @@ import torch
 
 import dlo  # noqa: F401  (before torchvision / transformers: prepares torchvision's import)
 from dlo.measure import flops as F
+from dlo.measure import deepspeed_memory as DSM
 from dlo.measure import memory as M
 from dlo.models.config import LLAMA_3_2_3B, LLAMA_3_3_70B, TINY_LLAMA, TransformerConfig
 
@@ -181,7 +182,7 @@ def test_ddp_is_constant_in_the_number_of_gpus_and_zero_stages_shard_more_and_mo
 @pytest.mark.parametrize("n_gpus", [1, 3, 8, 64])
 def test_ours_plus_what_deepspeed_also_counts_is_deepspeeds_estimate(cfg, stage, n_gpus):
     pytest.importorskip("deepspeed.runtime.zero.stage3")
-    row = M.deepspeed_comparison(cfg, n_gpus, stage=stage)  # calls DeepSpeed's estimator
+    row = DSM.deepspeed_comparison(cfg, n_gpus, stage=stage)  # calls DeepSpeed's estimator
     n = row["n_params"]
     # the difference is exactly the terms one counts and the other does not (a few bytes of rounding apart)
     assert row["explained"] == pytest.approx(row["deepspeed"], abs=4)
@@ -200,7 +201,7 @@ def test_ours_plus_what_deepspeed_also_counts_is_deepspeeds_estimate(cfg, stage,
 
 def test_the_gap_is_20_percent_on_one_gpu_for_zero2_and_shrinks_with_more_gpus():
     pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
-    ratios = [M.deepspeed_comparison(LLAMA_3_2_3B, g, stage=2)["ratio"] for g in (1, 8, 64)]
+    ratios = [DSM.deepspeed_comparison(LLAMA_3_2_3B, g, stage=2)["ratio"] for g in (1, 8, 64)]
     assert ratios[0] == pytest.approx(16 / 20)  # 2 + 14 bytes against 2 + 18
     assert ratios == sorted(ratios)             # the fp32 gradient is sharded: its share shrinks as 1/g
 
@@ -209,22 +210,22 @@ def test_largest_module_is_what_deepspeed_finds_in_a_real_model():
     stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
     for cfg in (TINY_LLAMA, TINY_LLAMA.replace(tie_embeddings=True, vocab_size=64)):
         total, largest = stage3.model_to_params(llama(cfg))
-        assert (total, largest) == (M.count_parameters(cfg)["total"], M.largest_module_params(cfg))
-    assert M.largest_module_params(LLAMA_3_2_3B) == 128256 * 3072  # the embedding table, not a decoder layer
+        assert (total, largest) == (M.count_parameters(cfg)["total"], DSM.largest_module_params(cfg))
+    assert DSM.largest_module_params(LLAMA_3_2_3B) == 128256 * 3072  # the embedding table, not a decoder layer
 
 
 def test_deepspeed_comparison_without_deepspeed_uses_the_given_number():
-    row = M.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=2, deepspeed=20 * 3_212_749_824)
+    row = DSM.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=2, deepspeed=20 * 3_212_749_824)
     assert row["ratio"] == pytest.approx(0.8) and row["explained"] == row["deepspeed"]
     with pytest.raises(ValueError, match="stages 2 and 3"):
-        M.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=1, deepspeed=1)
+        DSM.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=1, deepspeed=1)
 
 
 def test_deepspeed_sentences_name_the_term_that_makes_the_difference():
     n = M.count_parameters(LLAMA_3_2_3B)["total"]
-    one = M.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=2, deepspeed=2 * n + 18 * n)
-    many = M.deepspeed_comparison(LLAMA_3_2_3B, 64, stage=3, deepspeed=int(18 * n / 64) + 4 * 128256 * 3072)
-    s2, s3 = M.deepspeed_sentences([one]), M.deepspeed_sentences([many])
+    one = DSM.deepspeed_comparison(LLAMA_3_2_3B, 1, stage=2, deepspeed=2 * n + 18 * n)
+    many = DSM.deepspeed_comparison(LLAMA_3_2_3B, 64, stage=3, deepspeed=int(18 * n / 64) + 4 * 128256 * 3072)
+    s2, s3 = DSM.deepspeed_sentences([one]), DSM.deepspeed_sentences([many])
     assert s2 == [f"{LLAMA_3_2_3B.name}, ZeRO-2: ours is 0.80x DeepSpeed's on 1 GPU (mostly DeepSpeed's larger share, "
                   f"18 bytes per parameter against our 14, +{4 * n / 1e9:.2f} GB)."]
     assert many["ratio"] > 1 and "mostly the gathered layer, ours 2.36 GB against DeepSpeed's 1.58 GB" in s3[0]
@@ -235,15 +236,15 @@ def test_deepspeed_is_imported_only_by_the_function_that_uses_it_and_compiles_no
     import subprocess
     import sys
 
-    code = ("import sys; from dlo.measure import memory as M; M.deepspeed_available(); "
+    code = ("import sys; from dlo.measure import deepspeed_memory as DSM; DSM.deepspeed_available(); "
             "print('deepspeed' in sys.modules)")
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path / "ext"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
     pytest.importorskip("deepspeed")
-    code = ("from dlo.measure import memory as M; from dlo.models.config import LLAMA_3_2_3B as c; "
-            "print(M.deepspeed_estimate(c, 8, stage=2), M.deepspeed_estimate(c, 8, stage=3))")
+    code = ("from dlo.measure import deepspeed_memory as DSM; from dlo.models.config import LLAMA_3_2_3B as c; "
+            "print(DSM.deepspeed_estimate(c, 8, stage=2), DSM.deepspeed_estimate(c, 8, stage=3))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(out.stdout.strip().splitlines()[-1].split()) == 2  # (DeepSpeed logs its accelerator on stdout)
