@@ -145,6 +145,8 @@ def record_collectives(timeline: Timeline) -> Iterator[Timeline]:
     real = dist.all_reduce
 
     def recorded(tensor: torch.Tensor, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
+        if len(args) >= 3:  # all_reduce(tensor, op, group, async_op) called positionally
+            args, async_op = args[:2], bool(args[2])
         raw = timeline.add("comm", "all_reduce", timeline.mark(), None, bytes=tensor.numel() * tensor.element_size(),
                            numel=tensor.numel(), async_op=bool(async_op), during=timeline.open_span,
                            waited=not async_op)
