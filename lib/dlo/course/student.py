@@ -142,6 +142,8 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
         where = "the cells marked `TODO` raise `NotImplementedError` until you write them"
     else:
         scripts = [p.name for p in source_scripts(source_nb.parent.parent) if p.parent == source_nb.parent]
+        text = "".join(_source(c) for c in nb["cells"])
+        scripts = [name for name in scripts if name in text] or scripts  # the notebook's own script(s)
         named = ", ".join(f"`{name}`" for name in scripts) or "the script next to this notebook"
         where = (f"your exercises are in {named}, next to this notebook: its parts marked `TODO` raise "
                  "`NotImplementedError` until you write them")
