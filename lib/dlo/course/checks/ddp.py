@@ -17,10 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DistributedSampler, TensorDataset
 
-from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.framework import CheckFailed, expect, register, peer_records
 from dlo.runtime.distributed import DistContext
-from dlo.runtime.launch import LaunchError, launch
-from dlo.runtime.records import read_records
 
 SCRIPT = "Jour2/ddp_train.py"
 WORKER = Path(__file__).with_name("ddp_worker.py")
@@ -177,24 +175,7 @@ def _run_ranks(fn: Callable, nproc: int, *extra: str) -> list[dict]:
     script = Path(fn.__code__.co_filename)
     expect(script.suffix == ".py" and script.is_file(),
            f"{name} must be defined in a script file (ddp_train.py) so that {nproc} processes can import it")
-    try:
-        try:
-            records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
-                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
-        except LaunchError as exc:  # the processes could not connect (a busy machine): that is not the answer's fault
-            if "connectFullMesh" not in str(exc.last_line) and "Connection reset" not in str(exc.last_line):
-                raise
-            records = launch(WORKER, [str(script), name, *extra], nproc=nproc, timeout_s=600, echo=False,
-                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
-    except LaunchError as exc:
-        # Every rank may have answered before one of them died while shutting down (a crash at exit of a
-        # gloo thread under heavy load): their answers are what is checked, so use them if complete.
-        try:
-            records = read_records(exc.records_dir) if exc.records_dir else []
-        except ValueError:  # a half-written record: the run really failed
-            records = []
-        if sorted(r.get("rank") for r in records) != list(range(nproc)):
-            raise CheckFailed(f"the {nproc}-process run failed: {exc.last_line}") from None
+    records = peer_records(WORKER, [str(script), name, *extra], nproc)
     errors = [r["error"] for r in records if "error" in r]
     if any(e.startswith("NotImplementedError") for e in errors):
         raise NotImplementedError(errors[0].split(":", 1)[-1].strip())

@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlo.course.checks.ddp import one_process_group
-from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.framework import CheckFailed, expect, register, peer_records
 from dlo.course.dp_scratch_cases import TOL, run_case
-from dlo.runtime.launch import LaunchError, launch
-from dlo.runtime.records import read_records
 
 SCRIPT = "Jour2/dp_scratch_train.py"
 WORKER = Path(__file__).with_name("dp_scratch_worker.py")
@@ -47,18 +45,7 @@ def peer_results(script: Path, nproc: int = NPROC, timeout_s: float = 600) -> di
     (cached per script content and ``nproc``). The verdict is the first failing rank's."""
     key = f"{script}:{hashlib.sha256(script.read_bytes()).hexdigest()}:{nproc}"
     if key not in _CACHE:
-        try:
-            records = launch(WORKER, [str(script)], nproc=nproc, timeout_s=timeout_s, echo=False,
-                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
-        except LaunchError as exc:
-            # Every rank may have answered before one of them failed to leave (a busy machine): the answers
-            # are what is checked, so use them when complete.
-            try:
-                records = read_records(exc.records_dir) if exc.records_dir else []
-            except ValueError:  # a half-written record: the run really failed
-                records = []
-            if sorted(r.get("rank") for r in records) != list(range(nproc)):
-                raise CheckFailed(f"the {nproc}-process check run failed: {exc.last_line}") from None
+        records = peer_records(WORKER, [str(script)], nproc, timeout_s=timeout_s)
         merged: dict[str, dict] = {}
         for r in sorted(records, key=lambda r: r["rank"]):
             for step, res in r["results"].items():

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from dlo.runtime.launch import LaunchError, launch
 from dlo.runtime.paths import ROOT
+from dlo.runtime.records import read_records
 
 
 _GREEN, _RED, _RESET = "\x1b[32m", "\x1b[31m", "\x1b[0m"
@@ -142,3 +144,34 @@ def check_notebook(course: str, step: str, notebook: str | os.PathLike | None = 
 
 
 # The other courses' checkers (``checks_*.py`` modules next to this one) register themselves on import.
+
+
+#: Launch failures that say the processes could not connect (a busy machine), not that an answer is wrong.
+_CONNECT_ERRORS = ("connectFullMesh", "Connection reset")
+
+
+def peer_records(worker: str | os.PathLike, args: list[str], nproc: int, *, timeout_s: float = 600) -> list[dict]:
+    """Run a checker's ``worker`` script on ``nproc`` gloo processes and return every rank's record, by rank.
+
+    What a multi-process checker needs from a launch, in one place: one thread per process
+    (``OMP_NUM_THREADS=1``), no srun, a retry when the processes could not even connect (a busy machine, not
+    the answer's fault), and a run in which every rank answered before one of them failed to leave (a gloo
+    thread dying at exit under load) still read, since the answers are what is checked. Anything else is a
+    :class:`CheckFailed` with the failing rank's last line.
+    """
+    for attempt in (1, 2):
+        try:
+            records = launch(worker, args, nproc=nproc, timeout_s=timeout_s, echo=False,
+                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+            return sorted(records, key=lambda r: r["rank"])
+        except LaunchError as exc:
+            if attempt == 1 and any(s in str(exc.last_line) for s in _CONNECT_ERRORS):
+                continue
+            try:
+                records = read_records(exc.records_dir) if exc.records_dir else []
+            except ValueError:  # a half-written record: the run really failed
+                records = []
+            if sorted(r.get("rank") for r in records) == list(range(nproc)):
+                return sorted(records, key=lambda r: r["rank"])
+            raise CheckFailed(f"the {nproc}-process check run failed: {exc.last_line}") from None
+    raise AssertionError("unreachable")  # pragma: no cover
