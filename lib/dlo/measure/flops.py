@@ -9,7 +9,7 @@ fp32 step: 67 instead of 989 TFLOP/s on an H100; see :func:`gpu_peak` and :func:
 
 ("model" FLOPs: those the model mathematically needs, not counting recomputation from activation
 checkpointing, which would give the *hardware* FLOPs utilisation, HFU). Published LLM trainings reach
-roughly 35-50 % (see /work/shared/REFERENCES.md: Megatron-LM 41-48 % on H100, torchtitan Llama 3.1 8B
+roughly 35-50 % (see REFERENCES.md (repository root): Megatron-LM 41-48 % on H100, torchtitan Llama 3.1 8B
 ≈33-39 %); below ~20 % something (data loading, communication, small matmuls) is usually wrong.
 
 FLOPs per token (the formula quoted in REFERENCES.md, from Kaplan et al. 2020 / PaLM appendix B):
@@ -126,7 +126,7 @@ class GpuSpec:
         return self.peak(self.dtype)
 
 
-#: Reference figures (vendor datasheets, dense, no sparsity), see /work/shared/REFERENCES.md; memory sizes
+#: Reference figures (vendor datasheets, dense, no sparsity), see REFERENCES.md (repository root); memory sizes
 #: are those of the listed variants (V100: 32 GB SXM2, a 16 GB one exists).
 GPU_PEAKS: dict[str, GpuSpec] = {
     "V100": GpuSpec("V100 SXM2", 125.0, None, 15.7, 32, 0.9, "fp16 Tensor Core (no bf16 on Volta)", dtype="fp16"),

@@ -19,7 +19,7 @@ memory-bound and large ones compute-bound. (Real kernels move more than this min
 not fit in the caches; the formula is the ideal the kernels approach.)
 
 Reference peaks and bandwidths come from :data:`dlo.measure.flops.GPU_PEAKS` (vendor datasheets, see
-/work/shared/REFERENCES.md): one table for the whole workbook. The measured side: :func:`measure_matmul`
+REFERENCES.md (repository root)): one table for the whole workbook. The measured side: :func:`measure_matmul`
 (a sweep of matmul sizes timed with :mod:`dlo.measure.bench`) and :func:`measure_bandwidth` (a large copy).
 :func:`classify_ops` splits a ``torch.profiler`` profile into compute-bound and memory-bound operators.
 """
