@@ -456,3 +456,11 @@ def test_gpu_peaks_are_the_reference_figures():
 def test_gpu_peak_name_matching(name, key):
     spec = F.gpu_peak(name)
     assert (spec is F.GPU_PEAKS[key]) if key else spec is None
+
+
+@pytest.mark.parametrize("seq_len, share", [(128, 0.12), (2048, 0.11), (8192, 0.085), (131072, 0.015)])
+def test_the_output_heads_share_of_the_flops_shrinks_with_the_sequence(seq_len, share):
+    """flops' docstring quotes the LM head's share of Llama 3.2 3B's training FLOPs at four sequence lengths."""
+    with_head = F.flops_per_token(LLAMA_3_2_3B, seq_len, include_embeddings=True)
+    without = F.flops_per_token(LLAMA_3_2_3B, seq_len)
+    assert (with_head - without) / with_head == pytest.approx(share, abs=0.005)
