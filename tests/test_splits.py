@@ -103,3 +103,12 @@ def test_early_stopping_in_the_optimizers_notebook_watches_the_validation_loader
     assert "res = train(model, make_loader, cfg, dev, val_loader=val_loader)" in code
     assert "early_stopping=2" in code and code.index("def run(") < code.index("early_stopping=2")
     assert code.index("early_stopping=2") < code.index("test_loader = ")  # the test set comes after every choice
+
+
+def test_the_distillation_comparison_reads_validation_images():
+    """Inference notebook: the temperatures are compared on validation curves; the test split scores each
+    final model once (and the quantisation and pruning tables, which choose nothing, report test accuracy)."""
+    code = "\n".join(_code("Jour4/inference.ipynb"))
+    assert "data.split_indices(len(Xtr))" in code
+    assert "eval_data=(Xval, Yval)" in code and "eval_data=(Xte" not in code
+    assert "tested[name].append(infer.accuracy(student, Xte, Yte))" in code
