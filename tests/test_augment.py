@@ -413,7 +413,27 @@ def test_benchmark_records():
     for r in records:
         assert r["images_per_s"] > 0 and r["device"] == "cpu" and r["speedup"] > 0
         assert r["speedup"] == 1.0 or r["implementation"] == "batched"
+        assert len(r["measurement"]["times_s"]) == 2 and r["measurement"]["items_per_call"] == 4
     assert "batched" in mixing.format_table(records)
+    # every record keeps its timed calls, so that a sentence can say whether the speed-up is beyond the noise
+    from dlo.measure import check_conclusions, conclude
+
+    results: dict = {}
+    said = conclude(results, records[1]["measurement"], records[0]["measurement"])
+    assert "mixup batched (cpu)" in said and "mixup loop (cpu)" in said and check_conclusions(results) == []
+
+
+def test_benchmark_interleaves_the_loop_and_the_batched_kernel(monkeypatch):
+    order = []
+    real = mixing.measure_interleaved
+
+    def spy(candidates, **kwargs):
+        order.append(list(candidates))
+        return real(candidates, **kwargs)
+
+    monkeypatch.setattr(mixing, "measure_interleaved", spy)
+    mixing.benchmark(batch_size=4, image_size=8, device="cpu", repeats=2, warmup=0, kinds=("cutmix",))
+    assert order == [["cutmix loop (cpu)", "cutmix batched (cpu)"]]  # timed together, A B A B
 
 
 def test_command_line_writes_json(tmp_path):

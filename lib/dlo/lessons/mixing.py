@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 from dlo.data.augment import KINDS, cutmix, cutmix_reference, mixup, mixup_reference, sample_mix_params
 from dlo.measure.bench import torch_threads
-from dlo.measure.bench import measure
+from dlo.measure.bench import measure_interleaved
 from dlo.measure.bench import environment_info, save_json
 from dlo.runtime.device import pick_device
 
@@ -24,9 +24,11 @@ def benchmark(batch_size: int = 256, image_size: int = 32, device: torch.device 
               threads: int | None = None) -> list[dict[str, Any]]:
     """Images per second of the loop and batched versions, with the same params (sampling excluded).
 
-    Timed with :func:`dlo.measure.bench.measure` (synchronised, ``warmup`` calls excluded, median of ``repeats``;
-    default 20 on CPU, 50 on GPU). One record per (kind, implementation); the batched records carry the
-    ``speedup`` over the loop (the loop's is 1.0), from the medians. ``best_images_per_s`` (the fastest
+    Timed with :func:`dlo.measure.bench.measure_interleaved` (synchronised, ``warmup`` calls excluded, the two
+    versions alternated, median of ``repeats``; default 20 on CPU, 50 on GPU). One record per (kind,
+    implementation); the batched records carry the ``speedup`` over the loop (the loop's is 1.0), from the
+    medians; ``measurement`` is the full record (every timed call), for a sentence that says whether the
+    difference is beyond the noise (``dlo.measure.conclude``). ``best_images_per_s`` (the fastest
     call) is kept too: on a machine shared with other work it shows what the code does when left alone.
 
     ``threads`` sets torch's CPU threads for the measurement (None: leave as is). On a CPU whose cores
@@ -56,17 +58,20 @@ def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int
         params = sample_mix_params(batch_size, 1.0, kind=kind, height=image_size, width=image_size,
                                    generator=gen, device=dev)
         loop, batched = (mixup_reference, mixup) if kind == "mixup" else (cutmix_reference, cutmix)
+        # the two versions timed interleaved (loop, batched, loop, ...): a drift of the machine hits both alike
+        ms = measure_interleaved({f"{kind} {impl} ({dev.type})": (lambda fn=fn: fn(images, labels, params,
+                                                                                   num_classes=10))
+                                  for impl, fn in (("loop", loop), ("batched", batched))},
+                                 items_per_call=batch_size, warmup=warmup, repeats=repeats, device=dev,
+                                 track_memory=False, progress=False)
         base = None
-        for impl, fn in (("loop", loop), ("batched", batched)):
-            m = measure(f"{kind} {impl}", lambda fn=fn: fn(images, labels, params, num_classes=10),
-                        items_per_call=batch_size, warmup=warmup, repeats=repeats, device=dev,
-                        track_memory=False, progress=False)
+        for impl, m in zip(("loop", "batched"), ms.values()):
             base = m.throughput if base is None else base
             records.append({"kind": kind, "implementation": impl, "device": str(dev), "dtype": str(dtype),
                             "batch_size": batch_size, "image_size": image_size, "threads": torch.get_num_threads(),
                             "images_per_s": m.throughput, "median_s": m.median_s,
                             "best_images_per_s": batch_size / min(m.times_s), "repeats": repeats, "warmup": warmup,
-                            "speedup": m.throughput / base})
+                            "speedup": m.throughput / base, "measurement": m.to_record()})
     return records
 
 
