@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 from dlo.data.augment import KINDS, cutmix, cutmix_reference, mixup, mixup_reference, sample_mix_params
 from dlo.measure.bench import torch_threads
-from dlo.measure.bench import measure_interleaved
+from dlo.measure.bench import Warmup, measure_interleaved
 from dlo.measure.bench import environment_info, save_json
 from dlo.runtime.device import pick_device
 
@@ -19,12 +19,13 @@ from dlo.runtime.device import pick_device
 # --------------------------------------------------------------------------------------------------
 
 def benchmark(batch_size: int = 256, image_size: int = 32, device: torch.device | str | None = None,
-              repeats: int | None = None, kinds: Sequence[str] = KINDS, *, warmup: int = 1,
+              repeats: int | None = None, kinds: Sequence[str] = KINDS, *, warmup: int | None = None,
               dtype: torch.dtype = torch.float32, channels: int = 3, seed: int = 0,
               threads: int | None = None) -> list[dict[str, Any]]:
     """Images per second of the loop and batched versions, with the same params (sampling excluded).
 
-    Timed with :func:`dlo.measure.bench.measure_interleaved` (synchronised, ``warmup`` calls excluded, the two
+    Timed with :func:`dlo.measure.bench.measure_interleaved` (synchronised, warmed up until steady, or ``warmup``
+    calls when given: a batched kernel's first calls can be 100x slower than its steady ones; the two
     versions alternated, median of ``repeats``; default 20 on CPU, 50 on GPU). One record per (kind,
     implementation); the batched records carry the ``speedup`` over the loop (the loop's is 1.0), from the
     medians; ``measurement`` is the full record (every timed call), for a sentence that says whether the
@@ -43,7 +44,7 @@ def benchmark(batch_size: int = 256, image_size: int = 32, device: torch.device 
 
 
 def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int | None, kinds: Sequence[str], *,
-               warmup: int, dtype: torch.dtype, channels: int, seed: int) -> list[dict[str, Any]]:
+               warmup: int | None, dtype: torch.dtype, channels: int, seed: int) -> list[dict[str, Any]]:
 
     if repeats is None:
         repeats = 50 if dev.type == "cuda" else 20
@@ -62,7 +63,8 @@ def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int
         ms = measure_interleaved({f"{kind} {impl} ({dev.type})": (lambda fn=fn: fn(images, labels, params,
                                                                                    num_classes=10))
                                   for impl, fn in (("loop", loop), ("batched", batched))},
-                                 items_per_call=batch_size, warmup=warmup, repeats=repeats, device=dev,
+                                 items_per_call=batch_size, warmup=Warmup() if warmup is None else warmup,
+                                 repeats=repeats, device=dev,
                                  track_memory=False, progress=False)
         base = None
         for impl, m in zip(("loop", "batched"), ms.values()):
@@ -70,7 +72,7 @@ def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int
             records.append({"kind": kind, "implementation": impl, "device": str(dev), "dtype": str(dtype),
                             "batch_size": batch_size, "image_size": image_size, "threads": torch.get_num_threads(),
                             "images_per_s": m.throughput, "median_s": m.median_s,
-                            "best_images_per_s": batch_size / min(m.times_s), "repeats": repeats, "warmup": warmup,
+                            "best_images_per_s": batch_size / min(m.times_s), "repeats": repeats, "warmup": m.warmup,
                             "speedup": m.throughput / base, "measurement": m.to_record()})
     return records
 
@@ -92,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=None, help="timed calls (default 20 on CPU, 50 on GPU)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: until steady)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
