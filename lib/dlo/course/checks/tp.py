@@ -9,6 +9,7 @@ cost one launch.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 from typing import Any, Callable
@@ -176,6 +177,13 @@ def _check_7(TPLlama: type) -> str:
         gap = abs(float(model.loss(ids, labels, vocab_parallel=False)) - float(ref.loss(ids, labels)))
     expect(gap < 1e-5,
             "with one process the loss must equal the Llama's")
+    # Llama 3.2 ties the head to the embedding: a config that ties them must stay tied (one tensor, not a copy)
+    tied_ref = Llama(dataclasses.replace(ref.cfg, tie_embeddings=True), seed=0)
+    tied = TPLlama(tied_ref, None)
+    expect(getattr(getattr(tied, "lm_head", None), "weight", None) is getattr(tied.embed_tokens, "weight", 0),
+           "with cfg.tie_embeddings (Llama 3.2 ties them) lm_head.weight must BE embed_tokens.weight, not a copy")
+    expect([n for n, _ in tied.named_parameters()] == [n for n, _ in tied_ref.named_parameters()],
+           "with cfg.tie_embeddings keep the tied model's parameter names (the head shares the embedding)")
     _peers(TPLlama, "7")
     return "the whole TP Llama: logits, loss and every gradient equal the single-process model"
 
