@@ -6,6 +6,7 @@ groups {0,1} {2,3} and DP groups {0,2} {1,3} with ``dist.new_group`` so that bal
 tp = 2 whatever balises 9-10 do; any collective that ignores its group (sums over 4 ranks instead of 2)
 shows up as a wrong number. Each rank writes one record ``{"results": {"1": "ok" | "Type: message", ...}}``.
 """
+import contextlib
 import sys
 import traceback
 
@@ -197,14 +198,39 @@ def check_7(ns, g):
     _grads_vs_reference(ns, g, model, loss, ids, labels)
 
 
+@contextlib.contextmanager
+def _counting_gathers():
+    """Names of the gathering collectives of torch.distributed called inside the block (any API, even used
+    directly instead of the workbook's counted gather_from_region)."""
+    called: list[str] = []
+    names = ("all_gather", "all_gather_into_tensor", "all_gather_object", "gather")
+    saved = {name: getattr(dist, name) for name in names}
+
+    def spy(name):
+        def call(*args, **kwargs):
+            called.append(name)
+            return saved[name](*args, **kwargs)
+        return call
+
+    for name in names:
+        setattr(dist, name, spy(name))
+    try:
+        yield called
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
 def check_8(ns, g):
     r = g["tp_rank"]
     logits = seeded(2, 6, 10, seed=7).requires_grad_()
     labels = torch.tensor([[0, 9, 4, 5, -100, 5], [3, 7, 1, 8, 2, 6]])
     local = logits.detach()[..., r * 5:(r + 1) * 5].clone().requires_grad_()
     comm.COUNTER.reset()
-    loss = ns["vocab_parallel_cross_entropy"](local, labels, g["tp_group"])
+    with _counting_gathers() as gathers:  # torch.distributed's own gathers too, not only the workbook's
+        loss = ns["vocab_parallel_cross_entropy"](local, labels, g["tp_group"])
     ref = F.cross_entropy(logits.reshape(-1, 10), labels.reshape(-1), ignore_index=-100)
+    expect(not gathers, f"vocab_parallel_cross_entropy must not gather the logits (it called {', '.join(gathers)})")
     expect(abs(float(loss) - float(ref)) < 1e-5, f"vocab-parallel loss {float(loss):.6f} != F.cross_entropy {float(ref):.6f}")
     loss.backward()
     ref.backward()
