@@ -292,3 +292,21 @@ def test_group_of_one_for_a_single_process(monkeypatch):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "1", "False", "0", "False"]
+
+
+@pytest.mark.parametrize("keep_group", [False, True])
+def test_exit_after_success_flushes_and_keeps_the_group_only_when_asked(keep_group):
+    """It leaves with the given code, its unflushed output still written; the process group is destroyed unless
+    ``keep_group`` (after a barrier, for ranks seen hanging inside the destruction)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dlo.runtime.distributed\n"
+            "d = sys.modules['dlo.runtime.distributed']  # (dlo.runtime.distributed is also a function's name)\n"
+            "d.teardown = lambda: print('teardown', end=' ')\n"
+            "print('done', end='')\n"
+            f"d.exit_after_success(3, keep_group={keep_group})\n"
+            "print('never')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3
+    assert ("teardown" in out.stdout) is (not keep_group) and "done" in out.stdout and "never" not in out.stdout

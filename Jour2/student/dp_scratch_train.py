@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +41,7 @@ import dlo  # noqa: F401  (project caches and the torchvision shim: before any t
 from dlo.measure import bench
 from dlo.models import MLP, count_parameters
 from dlo.parallel.dp_events import Timeline, agreed_timer, record_collectives
-from dlo.runtime import init_distributed, teardown, write_record
+from dlo.runtime import exit_after_success, init_distributed, teardown, write_record
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,12 +447,7 @@ def main(argv=None) -> None:
     except BaseException:
         teardown()
         raise
-    # Done and recorded. Leave at once, without destroying the gloo group or running Python's finalizers: under heavy
-    # load one rank was seen hanging there after the work (4 processes on 2 busy cores). Past the barrier, no peer
-    # waits for this rank any more.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_after_success(keep_group=True)  # done and recorded; past the barrier no peer waits for this rank
 
 
 if __name__ == "__main__":

@@ -148,16 +148,21 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def exit_after_success(code: int = 0) -> None:
+def exit_after_success(code: int = 0, *, keep_group: bool = False) -> None:
     """End a finished rank now: destroy the process group, flush, and leave without Python's finalizers.
 
     A script whose work is done and whose records are written can still die at exit: DeepSpeed keeps process
     groups and threads in module globals, and the interpreter destroys them in no set order after the default
     group; a rank then aborts ("terminate called without an active exception", SIGABRT) and the launcher reports
-    the whole run as failed. Call it last, after a successful ``main()``; an exception must still propagate."""
+    the whole run as failed. Call it last, after a successful ``main()``; an exception must still propagate.
+
+    ``keep_group=True`` leaves without destroying the gloo group either: under heavy load a rank was seen hanging
+    inside that destruction after its work was done. Only after a ``dist.barrier()`` that every rank passes once
+    its collectives are over: past it, no peer waits for this rank any more."""
     import sys
 
-    teardown()
+    if not keep_group:
+        teardown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -6,14 +6,13 @@ Usage (through dlo.runtime.launch.launch): ``dp_scratch_worker.py SCRIPT [STEP .
 record ``{"results": {step: {"verdict": "ok" | message, "diffs": {...}}}}``; an exception (an unfinished step
 included) is reported as ``"Type: message"``, not raised, so that the other steps are still checked.
 """
-import os
 import sys
 
 import torch.distributed as dist
 
 import dlo  # noqa: F401
 from dlo.course.dp_scratch_cases import STEPS, load_script, run_case
-from dlo.runtime.distributed import init_distributed, teardown
+from dlo.runtime.distributed import exit_after_success, init_distributed, teardown
 from dlo.runtime.records import write_record
 
 script, steps = sys.argv[1], sys.argv[2:] or list(STEPS)
@@ -33,8 +32,4 @@ try:
 except BaseException:
     teardown()
     raise
-# Answered: leave at once, without destroying the gloo group or running finalizers (a rank was seen hanging there
-# under heavy load); past the barrier, no peer waits for this one.
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+exit_after_success(keep_group=True)  # answered; past the barrier no peer waits for this rank
