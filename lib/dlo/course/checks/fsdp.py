@@ -13,7 +13,6 @@ import torch
 
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.course.checks.ddp import _explain_ddp_errors, fake_context, one_process_group
-from dlo.parallel.fsdp import is_resharded_after_forward
 from dlo.parallel import fsdp
 
 SCRIPT = "tp_fsdp/fsdp_train.py"
@@ -52,6 +51,59 @@ def _units(model) -> tuple[list, object]:
     return layers, model
 
 
+def _managed(unit) -> list:
+    """The parameters an FSDP unit gathers itself: its own, less those inside a nested FSDP unit."""
+    from torch.distributed.fsdp import FSDPModule
+
+    nested = {id(p) for name, sub in unit.named_modules() if name and isinstance(sub, FSDPModule)
+              for p in sub.parameters()}
+    return [p for p in unit.parameters() if id(p) not in nested]
+
+
+def _is_sharded(p) -> bool:
+    """A parameter as FSDP2 registers it between uses: a DTensor sharded on dim 0 (its local piece only)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return isinstance(p, DTensor) and all(isinstance(pl, Shard) for pl in p.placements)
+
+
+def _layers_gathered_during(model, layers, ids) -> list[list[int]]:
+    """For each layer, the indices of the OTHER layers whose weights are gathered (plain tensors, not sharded
+    DTensors) while it computes: FSDP2 swaps a unit's registered parameters for the gathered ones only while
+    that unit runs."""
+    gathered: list[list[int]] = []
+
+    def hook(i):
+        def pre(module, args):
+            gathered.append([j for j, other in enumerate(layers)
+                             if j != i and any(not _is_sharded(p) for p in other.parameters())])
+        return pre
+
+    hooks = [layer.register_forward_pre_hook(hook(i)) for i, layer in enumerate(layers)]
+    try:
+        model(input_ids=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return gathered
+
+
+def _counting_offload():
+    """A CPU offload policy that counts how often FSDP2 reads it: each unit built with it reads it while it sets
+    up its parameters, so a model built with it reads it as often as the reference model built with it."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    class Counting(CPUOffloadPolicy):
+        reads = 0
+
+        def __getattribute__(self, name):
+            if name == "pin_memory":
+                type(self).reads += 1
+            return object.__getattribute__(self, name)
+
+    return Counting(pin_memory=False)  # pinned memory needs a GPU
+
+
 def _explain_fsdp_errors(apply_fsdp: Callable) -> Callable:
     """``apply_fsdp`` with fully_shard's errors turned into a CheckFailed that says the likely cause."""
     def call(*args, **kwargs):
@@ -68,6 +120,31 @@ def _explain_fsdp_errors(apply_fsdp: Callable) -> Callable:
     return call
 
 
+def _bf16_forward(apply_fsdp: Callable, ids, **extra) -> tuple[object, list]:
+    """The model ``apply_fsdp`` builds with a bf16 policy (and ``extra``), and the weight dtype each decoder
+    layer's MLP computed with in one forward."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = apply_fsdp(_tiny(), mp_policy=mp, **extra)
+    layers, _ = _units(model)
+    seen: list[torch.dtype] = []
+    hooks = [layer.mlp.register_forward_pre_hook(lambda m, args: seen.append(m.down_proj.weight.dtype))
+             for layer in layers]
+    try:
+        model(input_ids=ids)
+    except RuntimeError as exc:  # e.g. fp32 layers fed bf16 activations by a bf16 root
+        raise CheckFailed(f"with a bf16 MixedPrecisionPolicy the forward failed ({str(exc).splitlines()[0][:100]}): "
+                          "pass mp_policy=... to every fully_shard call, layers and root alike") from None
+    finally:
+        for h in hooks:
+            h.remove()
+    expect(len(seen) == len(layers) and all(d == torch.bfloat16 for d in seen),
+           f"with mp_policy=MixedPrecisionPolicy(param_dtype=bfloat16) the layers computed with weights in {seen}: "
+           "pass mp_policy=... to every fully_shard call (layers and root), else bf16 runs train in fp32")
+    return model, seen
+
+
 @register("fsdp", "fsdp", ("apply_fsdp",), SCRIPT)
 def _check_fsdp(apply_fsdp: Callable) -> str:
     apply_fsdp = _explain_fsdp_errors(apply_fsdp)
@@ -76,40 +153,27 @@ def _check_fsdp(apply_fsdp: Callable) -> str:
     with one_process_group():
         model = apply_fsdp(_tiny())
         layers, root = _units(model)
-        root_params = {id(p) for p in root._get_fsdp_state()._fsdp_param_group.fsdp_params}
-        layer_params = [{id(fp) for fp in layer._get_fsdp_state()._fsdp_param_group.fsdp_params} for layer in layers]
-        expect(not any(lp & root_params for lp in layer_params),
+        root_params = {id(p) for p in _managed(root)}
+        expect(not any(id(p) in root_params for layer in layers for p in layer.parameters()),
                 "shard the layers FIRST, then the root: otherwise the root unit owns every parameter "
                 "(one giant all-gather, no per-layer overlap)")
-        expect(all(type(p).__name__ == "DTensor" for p in model.parameters()),
+        expect(all(_is_sharded(p) for p in model.parameters()),
                 "every parameter should be a sharded DTensor after fully_shard")
+        for i, others in enumerate(_layers_gathered_during(model, layers, ids)):
+            expect(not others, f"while decoder layer {i} computes, the weights of layer(s) {others} are gathered too: "
+                               "each layer must be its own unit, sharded before the root (one layer gathered at a time)")
         got = model(input_ids=ids).logits
         expect(torch.allclose(got, expected, atol=1e-5, rtol=1e-4),
                "the sharded model must compute what the plain model computes (fp32, no policy given)")
-        # mp_policy and offload are arguments: a bf16 run must really compute in bf16 in every unit
-        from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
-
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        off = OffloadPolicy()
-        model = apply_fsdp(_tiny(), mp_policy=mp, offload=off)
-        layers, root = _units(model)
-        seen: list[torch.dtype] = []
-        hooks = [layer.mlp.register_forward_pre_hook(lambda m, args: seen.append(m.down_proj.weight.dtype))
-                 for layer in layers]
-        try:
-            model(input_ids=ids)
-        except RuntimeError as exc:  # e.g. fp32 layers fed bf16 activations by a bf16 root
-            raise CheckFailed(f"with a bf16 MixedPrecisionPolicy the forward failed ({str(exc).splitlines()[0][:100]}): "
-                              "pass mp_policy=... to every fully_shard call, layers and root alike") from None
-        for h in hooks:
-            h.remove()
-        expect(len(seen) == len(layers) and all(d == torch.bfloat16 for d in seen),
-               f"with mp_policy=MixedPrecisionPolicy(param_dtype=bfloat16) the layers computed with weights in {seen}: "
-               "pass mp_policy=... to every fully_shard call (layers and root), else bf16 runs train in fp32")
-        groups = [unit._get_fsdp_state()._fsdp_param_group for unit in (*layers, root)]
-        expect(all(getattr(grp, "offload_policy", None) is off for grp in groups if grp is not None),
+        # mp_policy and offload are arguments: a bf16 run must really compute in bf16 in every unit, and the
+        # offload policy must reach every unit (FSDP2 reads it once per parameter it sets up)
+        ref_off = _counting_offload()
+        fsdp.apply_fsdp(_tiny(), offload=ref_off)
+        off = _counting_offload()
+        _bf16_forward(apply_fsdp, ids, offload=off)
+        expect(type(off).reads == type(ref_off).reads,
                "pass offload (the OffloadPolicy argument) to every fully_shard call as offload_policy=...: "
-               "it was not the policy the units got")
+               f"{'no unit' if not type(off).reads else 'not every unit'} got it")
     return ("one FSDP unit per decoder layer plus the root: all-gathered one layer at a time; mixed precision "
             "and offload policies reach every unit")
 
@@ -148,17 +212,33 @@ def _check_checkpointing(apply_activation_checkpointing: Callable) -> str:
     return "each layer keeps its input only and recomputes the rest in backward"
 
 
+def _resharded_after_forward(model, layers) -> list[bool]:
+    """For each layer, whether its weights are sharded again after a forward: FSDP2 registers the gathered
+    (plain) tensors while a unit runs and swaps the sharded DTensors back only if it reshards."""
+    model(input_ids=_ids())
+    return [all(_is_sharded(p) for p in layer.parameters()) for layer in layers]
+
+
 @register("fsdp", "reshard", ("apply_fsdp",), SCRIPT)
 def _check_reshard(apply_fsdp: Callable) -> str:
-    apply_fsdp = _explain_fsdp_errors(apply_fsdp)
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    apply_fsdp = _explain_fsdp_errors(apply_fsdp)
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     with one_process_group():
-        kept = apply_fsdp(_tiny(), reshard_after_forward=False)
-        expect(not any(is_resharded_after_forward(layer) for layer in kept.model.layers),
-                "reshard_after_forward=False must reach every layer's fully_shard call")
-        freed = apply_fsdp(_tiny(), reshard_after_forward=True)
-        expect(all(is_resharded_after_forward(layer) for layer in freed.model.layers),
-                "reshard_after_forward=True: each layer frees its gathered weights after forward")
+        # the flag must reach the layers whatever else is asked for (a precision policy, an offload policy)
+        for extra, how in (({}, ""), ({"mp_policy": bf16, "offload": _counting_offload()},
+                                      " (with mp_policy and offload given too)")):
+            kept = apply_fsdp(_tiny(), reshard_after_forward=False, **extra)
+            layers, _ = _units(kept)
+            expect(not any(_resharded_after_forward(kept, layers)),
+                    f"reshard_after_forward=False must reach every layer's fully_shard call{how}: a layer "
+                    "resharded its weights after forward")
+            freed = apply_fsdp(_tiny(), reshard_after_forward=True, **extra)
+            layers, _ = _units(freed)
+            expect(all(_resharded_after_forward(freed, layers)),
+                    f"reshard_after_forward=True must reach every layer's fully_shard call{how}: each layer frees "
+                    "its gathered weights after forward, but one kept them")
     return "True frees each layer's weights after forward (re-gathered in backward); False keeps them"
 
 
