@@ -124,6 +124,14 @@ HINTS: dict[tuple[str, str], Hint] = {
         "its pixels and its (one-hot or soft) targets.",
         "lam reshaped to broadcast (view(-1, 1, 1, 1) for images, view(-1, 1) for targets), images[perm]; no in-place "
         "operations on the inputs."),
+    ("augment", "cutmix_batch"): _h(
+        "Apply CutMix to a whole batch at once: each image gets its own box filled with its partner's pixels, and "
+        "its label gives the partner exactly the fraction of the image that was pasted.",
+        "One boolean mask for all the boxes replaces the per-image loop: a pixel is inside box i when its row is in "
+        "[y0_i, y1_i) and its column in [x0_i, x1_i). A box clipped at a border pastes less than drawn, so the "
+        "label weight comes from the clipped box's area.",
+        "torch.floor, clamp, torch.arange(H).view(1, H, 1) compared with y0.view(-1, 1, 1) (broadcasting), "
+        "torch.where(mask[:, None], images[perm], images); weight area / (H * W) for targets[perm]."),
     ("augment", "accuracy"): _h(
         "Measure accuracy when labels may be soft (MixUp/CutMix): a prediction scores the weight its class has in "
         "the label.",
