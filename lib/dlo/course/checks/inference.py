@@ -46,6 +46,14 @@ def _check_distillation(distillation_loss: Callable) -> str:
                 "the KL is in the wrong direction: KL(teacher ‖ student) = Σ p_teacher · (log p_teacher − log p_student)":
                     alpha * T * T * F.kl_div(F.log_softmax(t / T, -1), F.log_softmax(s / T, -1), reduction="batchmean",
                                              log_target=True) + (1 - alpha) * hard,
+                "the teacher's soft targets are taken without the temperature: the temperature T divides both the "
+                "teacher's and the student's logits (softmax(teacher / T))":
+                    alpha * T * T * F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t, -1), reduction="batchmean",
+                                             log_target=True) + (1 - alpha) * hard,
+                "the student's log-probabilities are taken without the temperature: the temperature T divides both "
+                "the teacher's and the student's logits (log_softmax(student / T))":
+                    alpha * T * T * F.kl_div(F.log_softmax(s, -1), F.log_softmax(t / T, -1), reduction="batchmean",
+                                             log_target=True) + (1 - alpha) * hard,
             }
             hint = next((h for h, v in hints.items() if torch.allclose(got.detach().float(), v, rtol=1e-4, atol=1e-5)),
                         "compare your formula with alpha · T² · KL(softmax(t/T) ‖ softmax(s/T)) + (1 − alpha) · CE(s, y)")
@@ -108,6 +116,7 @@ def _check_sparsity(model_sparsity: Callable) -> str:
             "a nested layer was missed: go through model.modules() (every layer, at any depth), not model.children()":
                 frac([m.weight for m in top]),
             "only the weights of Conv2d and Linear layers count (not biases, not BatchNorm parameters)": frac(params),
+            "that is a percentage: return the fraction of zero weights, a number in [0, 1]": 100 * want,
         }
         hint = next((h for h, v in candidates.items() if abs(got - v) < 1e-6),
                     "count the zeros of every Conv2d and Linear weight (at any depth), divided by the number of those weights")

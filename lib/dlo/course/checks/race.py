@@ -25,6 +25,10 @@ def _check_time_to_target(time_to_target: Callable) -> str:
     for times, accs, target in _CURVES:
         want = race.time_to_target(times, accs, target)
         got = time_to_target(list(times), list(accs), target)
+        first = next((i for i, a in enumerate(accs) if a >= target), None)
+        expect(first is None or got != first or got == want,
+               f"times={times}, accuracies={accs}, target={target}: you return {got!r}, the index of the evaluation "
+               f"that reached the target: return its time, times[i] = {want!r}")
         expect(got == want if want is None or got is None else abs(got - want) < 1e-12,
                 f"times={times}, accuracies={accs}, target={target}: expected {want!r}, got {got!r}"
                 + (" (the FIRST time the target is reached, with >=)" if want is not None else

@@ -48,12 +48,14 @@ def _check_ema(ema_update: Callable) -> str:
         model = _Small()
         ref = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
         ref.update_parameters(model)  # the first update copies the weights
+        names = [k for k, t in model.state_dict().items() if t.dtype.is_floating_point]
         mine = [t.detach().clone().float() for t in model.state_dict().values() if t.dtype.is_floating_point]
         for _ in range(3):
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(torch.randn(p.shape, generator=g))
                 model.bn.running_mean.add_(torch.randn(3, generator=g))
+                model.bn.running_var.mul_(torch.rand(3, generator=g) + 0.5)
             ref.update_parameters(model)
             current = [t.detach() for t in model.state_dict().values() if t.dtype.is_floating_point]
             before = [t.clone() for t in current]
@@ -63,10 +65,16 @@ def _check_ema(ema_update: Callable) -> str:
             expect(all(torch.equal(a, b) for a, b in zip(before, current)), "do not modify the model's weights")
             mine = [t.detach().clone() for t in out]
         want = [t.float() for t in ref.module.state_dict().values() if t.dtype.is_floating_point]
-        for a, b in zip(mine, want):
-            if a.shape != b.shape or not torch.allclose(a, b, atol=1e-5):
-                raise CheckFailed(f"decay={decay}: your EMA differs from AveragedModel's: "
-                                  "new = decay * ema + (1 - decay) * weights (decay multiplies the average)")
+        wrong = [i for i, (a, b) in enumerate(zip(mine, want)) if a.shape != b.shape or not torch.allclose(a, b, atol=1e-5)]
+        if wrong and len(wrong) < len(want):
+            copied = [names[i] for i in wrong if mine[i].shape == current[i].shape
+                      and torch.allclose(mine[i], current[i].float(), atol=1e-6)]
+            raise CheckFailed(f"decay={decay}: {', '.join(names[i] for i in wrong)} not averaged like the others"
+                              + (" (copied from the model)" if copied else "")
+                              + ": every floating-point tensor, BatchNorm buffers included, gets the same EMA")
+        if wrong:
+            raise CheckFailed(f"decay={decay}: your EMA differs from AveragedModel's: "
+                              "new = decay * ema + (1 - decay) * weights (decay multiplies the average)")
     return "same averages as torch.optim.swa_utils.AveragedModel (weights and BatchNorm buffers), 3 updates"
 
 
@@ -95,6 +103,8 @@ def _check_tta(tta_predict: Callable) -> str:
         only_image = torch.softmax(model(x), 1)
         vflip = (torch.softmax(model(x), 1) + torch.softmax(model(x.flip(-2)), 1)) / 2
         logits_mean = torch.softmax((model(x) + model(x.flip(-1))) / 2, 1)
+        other_flips = {dim: (torch.softmax(model(x), 1) + torch.softmax(model(x.flip(dim)), 1)) / 2 for dim in (0, 1)}
+        over_batch = (torch.softmax(model(x), 0) + torch.softmax(model(x.flip(-1)), 0)) / 2
     expect(isinstance(got, torch.Tensor) and got.shape == want.shape,
             f"return the averaged probabilities, a tensor of shape {tuple(want.shape)}, got "
             f"{getattr(got, 'shape', type(got).__name__)}")
@@ -107,4 +117,16 @@ def _check_tta(tta_predict: Callable) -> str:
         raise CheckFailed("that is an up-down flip (dim -2): flip left-right, along the width (dim -1)")
     if torch.allclose(got, logits_mean, atol=1e-5):
         raise CheckFailed("you averaged the logits: average the softmax probabilities of the two views")
+    if torch.allclose(got, other_flips[1], atol=1e-5):
+        raise CheckFailed("that flips along dim 1, the colour channels (RGB -> BGR): flip left-right, along the width "
+                          "(dim -1)")
+    if torch.allclose(got, other_flips[0], atol=1e-5):
+        raise CheckFailed("that flips along dim 0, the order of the images in the batch: flip each image left-right, "
+                          "along the width (dim -1)")
+    if torch.allclose(got, over_batch, atol=1e-5):
+        raise CheckFailed("the softmax is taken over dim 0, across the images of the batch: take it over the classes "
+                          "(dim=1), so that each row sums to 1")
+    if torch.allclose(got, 2 * want, atol=1e-5):
+        raise CheckFailed("you add the two views' probabilities: take their mean (divide by the number of views), "
+                          "so that each row sums to 1")
     raise CheckFailed("expected (softmax(model(x)) + softmax(model(x.flip(-1)))) / 2")
