@@ -45,8 +45,12 @@ class RecordingPipe:
         self.chunks = [None] * chunks
         self.actions: list[tuple] = []
         self.in_flight = self.max_in_flight = 0
-        self._received: set = set()
-        self._computed: dict = {}
+        # a step of an interleaved schedule asks for both inputs before its two computes and sends both
+        # outputs after them: one compute may come between a transfer and its compute there, none elsewhere
+        self.slack = 0 if chunks == 1 else 1
+        self.computes = 0
+        self._asked: dict = {}  # (kind, mb, chunk) -> computes done when its input was asked for
+        self._done_at: dict = {}  # (kind, mb, chunk) -> number of its compute
 
     def _key(self, mb: Any, chunk: Any) -> tuple[int, int]:
         if not isinstance(mb, int) or not 0 <= mb < self.micro_batches:
@@ -60,40 +64,84 @@ class RecordingPipe:
             want = _Token(what, mb, chunk)
             raise CheckFailed(f"rank {self.rank}: {where} expected {want!r} (what the previous call returned), got {got!r}")
 
+    def _transfers(self, kind: str, chunk: int, received: bool) -> bool:
+        """Whether the input (``received``) or the output of a ``kind`` compute of ``chunk`` travels between
+        ranks: nothing comes into the first virtual stage's forward nor the last one's backward, nothing leaves
+        the last one's forward nor the first one's backward."""
+        stage = chunk * self.world_size + self.rank
+        first, last = stage == 0, stage == self.world_size * len(self.chunks) - 1
+        return not ((first if (kind == "F") == received else last))
+
+    def _computed(self, kind: str, key: tuple[int, int]) -> None:
+        """Count a compute; its input must have been asked for just before it (at most ``slack`` computes
+        earlier): a receive is posted with the next compute, which then waits for it."""
+        asked = self._asked.get((kind, *key))
+        if asked is not None and self._transfers(kind, key[1], received=True) and self.computes - asked > self.slack:
+            what = "input" if kind == "F" else "output gradient"
+            raise CheckFailed(f"rank {self.rank}: the {what} of micro-batch {key[0]} was asked for "
+                              f"{self.computes - asked} compute(s) before its {'forward' if kind == 'F' else 'backward'}"
+                              ": a receive is posted, and waited for, with the next compute, so asked early it makes "
+                              "that compute wait for data it does not need yet (an idle stage, or a deadlock when "
+                              "the data depends on that compute): receive each input just before its compute")
+        self.computes += 1
+        self._done_at[(kind, *key)] = self.computes
+
+    def _sent(self, kind: str, key: tuple[int, int]) -> None:
+        late = self.computes - self._done_at[(kind, *key)]
+        if late > self.slack and self._transfers(kind, key[1], received=False):
+            what = "output" if kind == "F" else "input gradient"
+            raise CheckFailed(f"rank {self.rank}: the {what} of micro-batch {key[0]} was sent only after {late} more "
+                              "compute(s): the neighbour stage waits for it meanwhile (no overlap between stages, "
+                              "as in the naive schedule): send each result right after its compute")
+
     def recv_forward(self, mb: int, chunk: int = 0):
-        return _Token("input", *self._key(mb, chunk))
+        key = self._key(mb, chunk)
+        self._asked.setdefault(("F", *key), self.computes)
+        return _Token("input", *key)
 
     def forward_compute(self, mb: int, x: Any, chunk: int = 0):
         key = self._key(mb, chunk)
         self._expect_token(x, "input", *key, where=f"forward_compute({mb}, x)")
         if ("F", *key) in self.actions:
             raise CheckFailed(f"rank {self.rank}: the forward of micro-batch {mb} ran twice")
+        self._computed("F", key)
         self.actions.append(("F", *key))
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return _Token("output", *key)
 
     def send_forward(self, mb: int, y: Any, chunk: int = 0) -> None:
-        self._expect_token(y, "output", *self._key(mb, chunk), where=f"send_forward({mb}, y)")
+        key = self._key(mb, chunk)
+        self._expect_token(y, "output", *key, where=f"send_forward({mb}, y)")
+        self._sent("F", key)
 
     def recv_backward(self, mb: int, chunk: int = 0):
         # may be asked for before the forward's compute in the same step (on the last stage there is nothing
         # to receive); a receive that can never arrive shows up in the replay under NCCL's rules
-        return _Token("output gradient", *self._key(mb, chunk))
+        key = self._key(mb, chunk)
+        self._asked.setdefault(("B", *key), self.computes)
+        return _Token("output gradient", *key)
 
     def backward_compute(self, mb: int, g: Any, chunk: int = 0):
         key = self._key(mb, chunk)
         if ("F", *key) not in self.actions:
             raise CheckFailed(f"rank {self.rank}: backward_compute({mb}) before the forward of micro-batch {mb}")
+        if g is None:
+            raise CheckFailed(f"rank {self.rank}: backward_compute({mb}, None): pass the output gradient that "
+                              f"recv_backward({mb}) returned (it is None on the last stage only, where the Pipe "
+                              "starts from the loss)")
         self._expect_token(g, "output gradient", *key, where=f"backward_compute({mb}, g)")
         if ("B", *key) in self.actions:
             raise CheckFailed(f"rank {self.rank}: the backward of micro-batch {mb} ran twice")
+        self._computed("B", key)
         self.actions.append(("B", *key))
         self.in_flight -= 1
         return _Token("input gradient", *key)
 
     def send_backward(self, mb: int, dx: Any, chunk: int = 0) -> None:
-        self._expect_token(dx, "input gradient", *self._key(mb, chunk), where=f"send_backward({mb}, dx)")
+        key = self._key(mb, chunk)
+        self._expect_token(dx, "input gradient", *key, where=f"send_backward({mb}, dx)")
+        self._sent("B", key)
 
 
 def _orders(fn: Callable, world: int, m: int, chunks: int = 1) -> list[RecordingPipe]:
