@@ -48,9 +48,14 @@ run: $(STAMP)
 # at a time (pytest-xdist; each notebook stays in one kernel). Much of a notebook's time is spent starting processes
 # and kernels, so two at a time on two cores finish ~1.8x sooner; OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads
 # of one from spinning while the other computes.
+# The unit and distributed tests run the same way, two at a time: a file stays on one worker (its tests may share
+# module fixtures), except the wrong-answer corpus, whose ~300 independent answers are spread over both.
 NBVAL_WORKERS ?= 2
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py -n $(TEST_WORKERS) --dist loadfile \
+	    --durations=20 $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest tests/test_wrong_answers.py -q -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 	OMP_WAIT_POLICY=PASSIVE DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo \
 	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
 	    $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)

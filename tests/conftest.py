@@ -66,3 +66,30 @@ def read_only_folder():
     finally:
         (base / "ro").chmod(0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the wrong-answer corpus's rejection rate
+# test_wrong_answers.py records, per answer, whether its checker rejected it (``record_property``). The
+# properties travel with the test reports, from every xdist worker to the process that prints the summary.
+_WRONG_ANSWERS: dict[str, bool] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":
+        return
+    props = dict(report.user_properties)
+    if "wrong_answer" in props:
+        _WRONG_ANSWERS[props["wrong_answer"]] = bool(props.get("wrong_answer_rejected", False))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _WRONG_ANSWERS:
+        return
+    corpus = Path(__file__).with_name("wrong_answers")
+    files = sorted(corpus.glob("*/*/*.py"))
+    steps_in_corpus = {p.parent.relative_to(corpus) for p in files}
+    steps_run = {name.rsplit("/", 1)[0] for name in _WRONG_ANSWERS}
+    rejected = sum(_WRONG_ANSWERS.values())
+    terminalreporter.write_line(
+        f"wrong-answer corpus: {len(files)} answers over {len(steps_in_corpus)} steps; this run: {len(_WRONG_ANSWERS)} "
+        f"answers over {len(steps_run)} steps, {rejected} rejected ({100 * rejected / len(_WRONG_ANSWERS):.0f}%)")
