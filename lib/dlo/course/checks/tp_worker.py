@@ -44,6 +44,31 @@ def close(a, b, tol=1e-5):
     return a.shape == b.shape and bool((a - b).abs().max() <= tol)
 
 
+def fail_together():
+    """The collective half of a failed ``expect``, for a rank that raised something else (a shape error...):
+    its peers, at their next ``expect``, learn that a rank failed instead of pairing with another collective."""
+    dist.all_reduce(torch.tensor([1.0]))
+
+
+def sum_hint(y, want):
+    """What a wrong sum of the ranks' partial results looks like, named (tp = 2 groups inside 4 ranks whose
+    two TP groups compute the same numbers: a sum over every rank is twice the TP sum)."""
+    if y.shape != want.shape or float(want.abs().max()) < 1e-6:
+        return ""
+    if close(y, 2 * want):
+        return (" -- it is exactly twice the expected sum: the all-reduce ran over every rank instead of the "
+                "TP group (pass the group), or ran twice")
+    if close(y, want / TP):
+        return " -- it is the expected sum / tp: the partial results must be summed, not averaged"
+    return ""
+
+
+def counted(what):
+    """The collectives counted since the last reset, in words."""
+    rows = comm.COUNTER.summary()
+    return ", ".join(f"{v['calls']} {op} ({phase})" for (op, phase), v in rows.items()) or f"no collective {what}"
+
+
 def seeded(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
@@ -62,30 +87,77 @@ def check_1(ns, g):
     expect(comm.COUNTER.calls("all_reduce", "backward") == 1 and comm.COUNTER.calls() == 1,
            "copy_to_region: exactly one all-reduce, in backward (use dlo.parallel.comm.all_reduce with phase='backward')")
     x.grad = None
+    comm.COUNTER.reset()
     y = ns["reduce_from_region"](x, tpg)
-    expect(close(y, sum(x_all)), "reduce_from_region forward must all-reduce (sum) over the TP group")
+    expect(close(y, sum(x_all)), "reduce_from_region forward must all-reduce (sum) over the TP group"
+           + sum_hint(y, sum(x_all)))
+    expect(comm.COUNTER.calls("all_reduce", "forward") == 1 and comm.COUNTER.calls() == 1,
+           f"reduce_from_region forward: expected exactly one all_reduce (phase='forward'), counted {counted('')}")
+    comm.COUNTER.reset()
     (y * w).sum().backward()
-    expect(close(x.grad, w), "reduce_from_region backward must be the identity")
+    expect(close(x.grad, w), "reduce_from_region backward must be the identity (each partial's gradient is the "
+                             "sum's gradient, unchanged)")
+    expect(comm.COUNTER.calls() == 0, f"reduce_from_region backward is the identity: no collective, counted "
+                                      f"{counted('')}")
     x.grad = None
+    comm.COUNTER.reset()
     y = ns["gather_from_region"](x, tpg)
     expect(close(y, torch.cat(x_all, dim=-1)), "gather_from_region forward: all-gather along the last dim, rank order")
+    expect(comm.COUNTER.calls("all_gather", "forward") == 1 and comm.COUNTER.calls() == 1,
+           f"gather_from_region forward: expected exactly one all_gather (all_gather_last_dim), counted "
+           f"{counted('')}")
+    comm.COUNTER.reset()
     wg = seeded(2, 3, 4 * TP, seed=30)
     (y * wg).sum().backward()
-    expect(close(x.grad, wg[..., r * 4:(r + 1) * 4]), "gather_from_region backward: keep this rank's slice")
+    expect(close(x.grad, wg[..., r * 4:(r + 1) * 4]), "gather_from_region backward: keep this rank's slice "
+           "(every rank already holds the whole gradient: no sum)")
+    expect(comm.COUNTER.calls() == 0, f"gather_from_region backward: keep this rank's slice, no collective; counted "
+                                      f"{counted('')}")
     full = seeded(2, 3, 4 * TP, seed=40).requires_grad_()
+    comm.COUNTER.reset()
     y = ns["scatter_to_region"](full, tpg)
     expect(close(y, full.detach()[..., r * 4:(r + 1) * 4]), "scatter_to_region forward: this rank's slice")
+    expect(comm.COUNTER.calls() == 0, f"scatter_to_region forward: take this rank's slice, no collective; counted "
+                                      f"{counted('')}")
     (y * w).sum().backward()
     expect(close(full.grad, torch.cat(w_all, dim=-1)), "scatter_to_region backward: all-gather the gradient")
+    expect(comm.COUNTER.calls("all_gather", "backward") == 1 and comm.COUNTER.calls() == 1,
+           f"scatter_to_region backward: expected exactly one all_gather (phase='backward'), counted {counted('')}")
 
 
 def _linear_case(ns, g, cls, full, x_full, x_in, kwargs, out_slice):
     layer = ns[cls](full, g["tp_group"], **kwargs)
+    column = cls == "ColumnParallelLinear"
+    o, i = full.out_features, full.in_features
+    want_w, want_b = ((o // TP, i), (o // TP,)) if column else ((o, i // TP), (o,))
+    w_shape = tuple(getattr(getattr(layer, "weight", None), "shape", ()))
+    b_shape = tuple(getattr(getattr(layer, "bias", None), "shape", ()))
+    expect(w_shape == want_w, f"{cls}: weight of shape {w_shape} on this rank, expected {want_w} at tp=2: "
+           + ("keep the ROWS r*n:(r+1)*n of full.weight (the output features are split), n = out_features / tp"
+              if column else "keep the COLUMNS r*n:(r+1)*n of full.weight (the input features are split), "
+                             "n = in_features / tp"))
+    expect(b_shape == want_b, f"{cls}: bias of shape {b_shape} on this rank, expected {want_b}: "
+           + ("the bias is split with the output features" if column else
+              "the bias stays whole on every rank (it is added once, after the all-reduce)"))
+    comm.COUNTER.reset()
     y = layer(x_in)
     ref = full(x_full)
-    expect(close(y, ref[..., out_slice] if out_slice is not None else ref),
+    want = ref[..., out_slice] if out_slice is not None else ref
+    hint = ""
+    if not column:
+        r, n = g["tp_rank"], i // TP
+        partial = F.linear(x_in.detach(), full.weight.detach()[:, r * n:(r + 1) * n]) + full.bias.detach()
+        hint = sum_hint(y - full.bias, ref - full.bias) or (
+            " -- it is this rank's partial sum only: sum the partial outputs over the group (g, reduce_from_region)"
+            if close(y, partial) else "")
+    expect(close(y, want),
            f"{cls}{kwargs or ''}: output differs from the full layer's (slice) -- check which rows/columns you keep"
-           + (" and that the bias is added once, after the all-reduce" if cls == "RowParallelLinear" else ""))
+           + (" and that the bias is added once, after the all-reduce" if not column else "") + hint)
+    fwd = (1, "all_reduce") if not column else (1, "all_gather") if kwargs.get("gather_output") else (0, None)
+    expect(comm.COUNTER.calls() == fwd[0] and comm.COUNTER.calls(fwd[1], "forward") == fwd[0],
+           f"{cls}{kwargs or ''} forward: expected "
+           + (f"exactly one {fwd[1]}" if fwd[0] else "no collective (f is the identity forward)")
+           + f", counted {counted('')}")
     return layer, y, ref
 
 
@@ -115,7 +187,9 @@ def check_3(ns, g):
     w = seeded(2, 5, 6, seed=2)
     (y * w).sum().backward()
     (ref * w).sum().backward()
-    expect(close(layer.bias.grad, full.bias.grad), "RowParallelLinear: wrong bias gradient")
+    expect(close(layer.bias.grad, full.bias.grad), "RowParallelLinear: wrong bias gradient"
+           + (" -- it is 1/tp of the full one: add the whole bias once, after the all-reduce, not bias / tp on "
+              "every rank" if close(layer.bias.grad, full.bias.grad / TP) else ""))
     expect(close(layer.weight.grad, full.weight.grad[:, r * 4:(r + 1) * 4]), "RowParallelLinear: wrong weight gradient")
 
 
@@ -125,9 +199,16 @@ def check_4(ns, g):
     full = nn.Embedding(10, 4)
     ids = torch.tensor([[0, 9, 4, 5, 5], [3, 7, 1, 8, 2]])
     layer = ns["VocabParallelEmbedding"](full, g["tp_group"])
+    w_shape = tuple(getattr(getattr(layer, "weight", None), "shape", ()))
+    expect(w_shape == (5, 4), f"VocabParallelEmbedding: weight of shape {w_shape} on this rank, expected (5, 4): "
+           "rows r*n:(r+1)*n of the table, n = vocab / tp where tp is the size of the group you are given")
     y = layer(ids)
-    expect(close(y, full(ids)), "VocabParallelEmbedding: output differs from the full embedding (mask ids outside "
-                                "[vocab_start, vocab_end), then all-reduce)")
+    ref = full(ids)
+    mine = ref * ((ids >= r * 5) & (ids < (r + 1) * 5)).unsqueeze(-1)
+    expect(close(y, ref), "VocabParallelEmbedding: output differs from the full embedding (mask ids outside "
+                          "[vocab_start, vocab_end), then all-reduce)" + sum_hint(y, ref)
+           + (" -- it holds this rank's rows only: sum the ranks' answers with reduce_from_region"
+              if close(y, mine) else ""))
     w = seeded(2, 5, 4, seed=3)
     (y * w).sum().backward()
     (full(ids) * w).sum().backward()
@@ -139,16 +220,24 @@ def _module_case(ns, g, name, full, x, *extra):
     comm.COUNTER.reset()
     xin = x.clone().requires_grad_()
     y = layer(xin, *extra)
+    fwd_counts = counted("")
+    expect(comm.COUNTER.calls("all_reduce", "forward") == 1 and comm.COUNTER.calls() == 1,
+           f"{name}: expected exactly 1 all-reduce in the forward (column-parallel in, row-parallel out: no gather), "
+           f"counted {fwd_counts}")
+    local, whole = sum(p.numel() for p in layer.parameters()), sum(p.numel() for p in full.parameters())
+    expect(local * TP == whole, f"{name}: {local} parameters on this rank, expected {whole} / tp = {whole // TP}: "
+           "split every weight over the group you are given (tp=2), not over every rank, and replicate none")
     xr = x.clone().requires_grad_()
     ref = full(xr, *extra)
-    expect(close(y, ref), f"{name}: output differs from the single-process module")
+    expect(close(y, ref), f"{name}: output differs from the single-process module" + sum_hint(y, ref))
     w = seeded(*ref.shape, seed=5)
     (y * w).sum().backward()
     (ref * w).sum().backward()
-    expect(close(xin.grad, xr.grad), f"{name}: the input gradient differs from the single-process one")
+    expect(close(xin.grad, xr.grad), f"{name}: the input gradient differs from the single-process one (f, "
+           "copy_to_region, applied once to the input, sums the ranks' parts of it)")
     fwd, bwd = comm.COUNTER.calls("all_reduce", "forward"), comm.COUNTER.calls("all_reduce", "backward")
     expect(fwd == 1 and bwd == 1 and comm.COUNTER.calls() == 2,
-           f"{name}: expected exactly 1 all-reduce forward and 1 backward, counted {comm.COUNTER.summary()} "
+           f"{name}: expected exactly 1 all-reduce forward and 1 backward, counted {counted('')} "
            "(apply copy_to_region once, copy_input=False on the column-parallel layers)")
 
 
@@ -168,9 +257,11 @@ def check_6(ns, g):
     for heads, kv in ((3, 3), (4, 1)):
         try:
             ns["ParallelAttention"](Attention(12, heads, kv, 4), g["tp_group"])
+            raised = False
         except ValueError:
-            continue
-        raise Bad(f"ParallelAttention with {heads} heads / {kv} K/V heads at tp=2 must raise ValueError")
+            raised = True
+        expect(raised, f"ParallelAttention with {heads} heads / {kv} K/V heads at tp=2 must raise ValueError (tp "
+                       "must divide num_heads and num_kv_heads: dividing the projections' widths is not enough)")
 
 
 CFG = TransformerConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
@@ -191,7 +282,13 @@ def _grads_vs_reference(ns, g, model, loss, ids, labels, rows=slice(None)):
 
 def check_7(ns, g):
     ids, labels = token_batch(2, 8, CFG.vocab_size, seed=1)
-    model = ns["TPLlama"](Llama(CFG, seed=0), g["tp_group"])
+    full = Llama(CFG, seed=0)
+    whole = sum(p.numel() for p in full.parameters())
+    norms = sum(p.numel() for n, p in full.named_parameters() if "norm" in n)
+    model = ns["TPLlama"](full, g["tp_group"])
+    local, want = sum(p.numel() for p in model.parameters()), (whole - norms) // TP + norms
+    expect(local == want, f"TPLlama: {local} parameters on this rank, expected {want} at tp=2: split embed_tokens, "
+           "every block and lm_head over the group; only the norms are replicated")
     expect(close(model(ids), Llama(CFG, seed=0)(ids)), "TPLlama: gathered logits differ from the single-process model")
     loss = model.loss(ids, labels, vocab_parallel=False)
     loss.backward()
@@ -221,6 +318,38 @@ def _counting_gathers():
             setattr(dist, name, fn)
 
 
+def _ce_variant(logits, labels, *, own_max=False, target_everywhere=False, times=1):
+    """The loss a vocab-parallel cross-entropy with one named mistake returns (tp = 2, computed whole here)."""
+    z, lab = logits.reshape(-1, logits.shape[-1]).double(), labels.reshape(-1)
+    n, total, target = z.shape[-1] // TP, 0.0, 0.0
+    for k in range(TP):
+        part = z[:, k * n:(k + 1) * n]
+        m = part.amax(-1) if own_max else z.amax(-1)
+        shifted = part - m.unsqueeze(-1)
+        total = total + shifted.exp().sum(-1)
+        picked = shifted.gather(-1, (lab - k * n).clamp(0, n - 1).unsqueeze(-1)).squeeze(-1)
+        target = target + (picked if target_everywhere else picked * ((lab >= k * n) & (lab < (k + 1) * n)))
+    per = (times * total).log() - times * target
+    valid = lab != -100
+    return float((per * valid).sum() / valid.sum())
+
+
+_CE_MISTAKES = (
+    ({"own_max": True}, "it matches each rank subtracting its OWN max: all-reduce the max with op=MAX over the "
+                        "group first"),
+    ({"target_everywhere": True}, "it matches the target logit taken on every rank: keep it only on the rank whose "
+                                  "slice holds the label (0 elsewhere)"),
+    ({"times": 2}, "it matches sums all-reduced over every rank, not over the TP group: pass the group"),
+)
+
+
+def _ce_hint(loss, logits, labels):
+    for kwargs, words in _CE_MISTAKES:
+        if abs(float(loss) - _ce_variant(logits, labels, **kwargs)) < 1e-5:
+            return f" -- {words}"
+    return ""
+
+
 def check_8(ns, g):
     r = g["tp_rank"]
     logits = seeded(2, 6, 10, seed=7).requires_grad_()
@@ -231,12 +360,20 @@ def check_8(ns, g):
         loss = ns["vocab_parallel_cross_entropy"](local, labels, g["tp_group"])
     ref = F.cross_entropy(logits.reshape(-1, 10), labels.reshape(-1), ignore_index=-100)
     expect(not gathers, f"vocab_parallel_cross_entropy must not gather the logits (it called {', '.join(gathers)})")
-    expect(abs(float(loss) - float(ref)) < 1e-5, f"vocab-parallel loss {float(loss):.6f} != F.cross_entropy {float(ref):.6f}")
+    expect(abs(float(loss) - float(ref)) < 1e-5, f"vocab-parallel loss {float(loss):.6f} != F.cross_entropy "
+           f"{float(ref):.6f}" + _ce_hint(loss, logits.detach(), labels))
     loss.backward()
     ref.backward()
     expect(close(local.grad, logits.grad[..., r * 5:(r + 1) * 5]), "vocab_parallel_cross_entropy: wrong gradient of "
            "the local logits (use reduce_from_region for the sums so that autograd reaches every rank)")
     expect(comm.COUNTER.calls("all_gather") == 0, "vocab_parallel_cross_entropy must not gather the logits")
+    big = seeded(2, 6, 10, seed=8) * 5 + 100  # exp(100) overflows float32: only a shifted exp stays finite
+    with torch.no_grad():
+        loss = ns["vocab_parallel_cross_entropy"](big[..., r * 5:(r + 1) * 5].clone(), labels, g["tp_group"])
+    ref = F.cross_entropy(big.reshape(-1, 10), labels.reshape(-1), ignore_index=-100)
+    expect(bool(torch.isfinite(loss)) and abs(float(loss) - float(ref)) < 1e-4,
+           f"vocab_parallel_cross_entropy with logits near 100: {float(loss)} instead of {float(ref):.5f} -- exp "
+           "overflows: subtract the global max (all-reduced with MAX) before exp" + _ce_hint(loss, big, labels))
     ids, lab = token_batch(2, 8, CFG.vocab_size, seed=1)
     model = ns["TPLlama"](Llama(CFG, seed=0), g["tp_group"])
     loss = model.loss(ids, lab)
@@ -244,19 +381,64 @@ def check_8(ns, g):
     _grads_vs_reference(ns, g, model, loss, ids, lab)
 
 
+class _Group:
+    """What the spy below returns instead of a process group: the ranks it was asked for."""
+
+    def __init__(self, ranks):
+        self.ranks = list(ranks)
+
+
+@contextlib.contextmanager
+def _recording_new_group():
+    """dist.new_group replaced by a recorder (no group is really made, so that a wrong sequence of calls cannot
+    leave the ranks waiting for each other): yields the list of rank lists asked for, in order."""
+    from torch.distributed import distributed_c10d as c10d
+
+    calls: list[list[int]] = []
+
+    def fake(ranks=None, *args, **kwargs):
+        grp = _Group(range(dist.get_world_size()) if ranks is None else sorted(int(x) for x in ranks))
+        calls.append(grp.ranks)
+        return grp
+
+    saved = dist.new_group, c10d.new_group
+    dist.new_group = c10d.new_group = fake
+    try:
+        yield calls
+    finally:
+        dist.new_group, c10d.new_group = saved
+
+
+def _check_groups(fn, args, label, want, kind):
+    """``fn(*args)`` must call new_group for every group of ``want`` on every rank, in one order shared by all
+    ranks, and return this rank's group."""
+    rank = dist.get_rank()
+    with _recording_new_group() as calls:
+        got = fn(*args)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, calls)
+    expect(sorted(calls) == sorted(want) or not set(map(tuple, calls)) < set(map(tuple, want)),
+           f"{label}: rank {rank} created only {calls}: call dist.new_group for every {kind} group {want} on every "
+           "rank, also for the groups it is not in (new_group is collective)")
+    expect(sorted(calls) == sorted(want), f"{label} on 4 processes created the groups {calls}, expected {want}")
+    expect(all(c == everyone[0] for c in everyone), f"{label}: the ranks created the groups in different orders "
+           f"({everyone[0]} on rank 0, {calls} on rank {rank}): every rank must make the same calls in the same order")
+    ranks = got.ranks if isinstance(got, _Group) else (dist.get_process_group_ranks(got) if got is not None else None)
+    mine = next(grp for grp in want if rank in grp)
+    expect(ranks == mine, f"{label}: rank {rank} got the group {ranks}, expected {mine}: return the group this rank "
+           "belongs to")
+
+
 def check_9(ns, g):
-    group = ns["make_tp_group"](2)
-    expect(group is not None, "make_tp_group must return this rank's group")
-    ranks = dist.get_process_group_ranks(group)
-    expect(ranks == [2 * (dist.get_rank() // 2), 2 * (dist.get_rank() // 2) + 1],
-           f"rank {dist.get_rank()}: TP group {ranks}, expected contiguous ranks")
+    for tp in (2, 4, 1):
+        want = [list(range(k * tp, (k + 1) * tp)) for k in range(4 // tp)]
+        _check_groups(ns["make_tp_group"], (tp,), f"make_tp_group(tp={tp})", want, "TP")
 
 
 def check_10(ns, g):
-    group = ns["make_dp_group"](2, 2)
-    expect(group is not None, "make_dp_group must return this rank's group")
-    ranks = dist.get_process_group_ranks(group)
-    expect(ranks == [dist.get_rank() % 2, dist.get_rank() % 2 + 2], f"rank {dist.get_rank()}: DP group {ranks}, expected strided ranks")
+    for tp, dp in ((2, 2), (4, 1), (1, 4)):
+        want = [list(range(i, 4, tp)) for i in range(tp)]
+        _check_groups(ns["make_dp_group"], (tp, dp), f"make_dp_group(tp={tp}, dp={dp})", want, "DP")
 
 
 def check_11(ns, g):
@@ -265,7 +447,21 @@ def check_11(ns, g):
     model = ns["TPLlama"](Llama(CFG, seed=0), g["tp_group"])
     loss = model.loss(ids[rows], labels[rows])
     loss.backward()
+    before = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    dp_sum, tp_sum, world_sum = before.clone(), before.clone(), before.clone()
+    dist.all_reduce(dp_sum, group=g["dp_group"])
+    dist.all_reduce(tp_sum, group=g["tp_group"])
+    dist.all_reduce(world_sum)
     ns["average_gradients"](model, g["dp_group"])
+    after = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    named = ((dp_sum, "summed over the DP group but not divided by its size"),
+             (dp_sum / 4, "divided twice by the DP group size"),
+             (before, "left as they were (each replica keeps its own)"),
+             (world_sum / 2, "summed over every rank: reduce over dp_group only"),
+             (world_sum / 4, "averaged over every rank: reduce over dp_group only"),
+             (tp_sum / 2, "averaged over the TP group (its ranks hold different slices): reduce over dp_group"))
+    why = next((words for want, words in named if close(after, want, 1e-6)), None)
+    expect(close(after, dp_sum / 2, 1e-6) or why is None, f"average_gradients: the gradients were {why}")
     _grads_vs_reference(ns, g, model, loss, ids, labels, rows)
     metric = ns["reduce_over_dp"](torch.tensor(float(g["dp_rank"] + 1)), torch.tensor(2.0), g["dp_group"])
     expect(abs(float(metric) - 3 / 4) < 1e-9, f"reduce_over_dp: expected (1 + 2) / (2 + 2) = 0.75 over the DP group only, "
@@ -276,8 +472,11 @@ def check_11(ns, g):
     members = [rank % 2, rank % 2 + 2]
     metric = ns["reduce_over_dp"](torch.tensor(float(rank + 1)), torch.tensor(float(3 * rank + 2)), g["dp_group"])
     want = sum(m + 1 for m in members) / sum(3 * m + 2 for m in members)
+    means = sum((m + 1) / (3 * m + 2) for m in members) / len(members)
+    hint = (": that is the mean of the replicas' means -- sum loss_sum and count over dp_group, then divide once"
+            if abs(float(metric) - means) < 1e-9 else ": reduce over dp_group, not over all ranks")
     expect(abs(float(metric) - want) < 1e-9, f"reduce_over_dp: with different numbers on every rank expected {want:.4f} "
-           f"(sums over the DP group only), got {metric}: reduce over dp_group, not over all ranks")
+           f"(sums over the DP group only), got {metric}" + hint)
 
 
 if __name__ == "__main__":
@@ -300,8 +499,11 @@ if __name__ == "__main__":
         for n in range(1, 12):
             try:
                 globals()[f"check_{n}"](ns, groups)
+                expect(True, "another rank failed this check")  # every rank leaves the check together
                 results[str(n)] = "ok"
             except Exception as exc:  # noqa: BLE001 - reported to the checker
+                if not isinstance(exc, Bad):
+                    fail_together()
                 line = traceback.format_exception_only(type(exc), exc)[-1].strip()
                 results[str(n)] = line if not isinstance(exc, Bad) else f"Bad: {exc}"
         write_record({"results": results})
