@@ -588,3 +588,33 @@ def test_lr_find_errors(kw, match):
     with pytest.raises(ValueError, match=match) as err:
         lr_find.lr_find(model, opt, nn.functional.cross_entropy, toy_batches(2), **kw)
     one_line(str(err.value))
+
+
+def test_lr_find_restores_a_scheduler_that_the_step_advances_and_uses_the_given_save_and_restore():
+    model, opt = warmed_up(name="adamw")
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    sched.step()
+    before, before_sched = snapshot(model, opt), copy.deepcopy(sched.state_dict())
+    calls = []
+
+    def save(m, o, s):
+        calls.append("save")
+        return lr_find.save_training_state(m, o, s)
+
+    def restore(m, o, s, saved):
+        calls.append("restore")
+        lr_find.restore_training_state(m, o, s, saved)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss.detach()
+
+    lr_find.lr_find(model, opt, None, toy_batches(3), num_steps=8, step_fn=step, scheduler=sched, save=save,
+                    restore=restore)
+    assert calls == ["save", "restore"]
+    assert sched.state_dict() == before_sched and sched.last_epoch == 1
+    assert_restored(before, model, opt)

@@ -134,10 +134,51 @@ def _cycle(batches: Iterable) -> Iterable:
                              "num_steps): pass a list or a DataLoader, which can be iterated again")
 
 
+def save_training_state(model: nn.Module, optimizer: Optimizer, scheduler: Any = None) -> dict[str, Any]:
+    """Everything a few training steps change, as *copies*: what :func:`restore_training_state` puts back.
+
+    Parameters and buffers (BatchNorm running statistics) and the gradients, cloned (``state_dict()`` and
+    ``named_parameters()`` hand out the live tensors, which the next step overwrites in place); the
+    optimiser's state_dict deep-copied (its momentum buffers, Adam moments and step counts are live tensors
+    too), with the param groups' lr; the scheduler's state_dict (``last_epoch``, the lrs it last set); the
+    train/eval mode of every submodule; the random number generators (:func:`dlo.training.checkpoint.rng_state`:
+    torch, Python, NumPy, CUDA).
+    """
+    return {"values": {k: t.detach().clone() for k, t in _named_tensors(model).items()},
+            "grads": {k: (None if p.grad is None else p.grad.detach().clone()) for k, p in model.named_parameters()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "scheduler": None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
+            "modes": {name: m.training for name, m in model.named_modules(remove_duplicate=False)},
+            "rng": rng_state()}
+
+
+def restore_training_state(model: nn.Module, optimizer: Optimizer, scheduler: Any, saved: dict[str, Any]) -> None:
+    """Put back what :func:`save_training_state` saved, *into* the same tensors (copied in place, so the
+    optimiser still holds the model's parameters and every reference the caller kept stays valid)."""
+    with torch.no_grad():
+        for k, t in _named_tensors(model).items():
+            t.copy_(saved["values"][k])
+    for k, p in model.named_parameters():
+        p.grad = None if saved["grads"][k] is None else saved["grads"][k].clone()
+    # load_state_dict keeps the tensors it is given: a copy, so that ``saved`` can be restored again
+    optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    if scheduler is not None and saved["scheduler"] is not None:
+        scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    for name, m in model.named_modules(remove_duplicate=False):
+        m.training = saved["modes"][name]
+    set_rng_state(saved["rng"])
+
+
+def _named_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
 def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches: Iterable, *,
             start_lr: float = 1e-7, end_lr: float = 10.0, num_steps: int = 100, smooth: float = 0.98,
             diverge_factor: float = 4.0, device: torch.device | str | None = None,
-            step_fn: Callable[[Any, Any], Any] | None = None) -> LRFinderResult:
+            step_fn: Callable[[Any, Any], Any] | None = None, scheduler: Any = None,
+            save: Callable[..., Any] = save_training_state,
+            restore: Callable[..., None] = restore_training_state) -> LRFinderResult:
     """The learning-rate range test (Smith 2017, *Cyclical Learning Rates for Training Neural Networks*):
     train one step per learning rate on successive batches while the lr grows exponentially,
     ``lr_i = start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))`` (the same on every param group), and
@@ -162,6 +203,12 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
     (torch CPU and CUDA, Python, NumPy: dropout and data shuffling after the test are as if it never ran).
     Restoring is done by copying values back *into* the same tensors, so the optimiser still holds the
     model's parameters and the caller's references stay valid.
+
+    - ``scheduler``: a learning-rate scheduler that ``step_fn`` steps (e.g. a per-batch OneCycleLR); its
+      state is saved and restored too.
+    - ``save(model, optimizer, scheduler) -> saved`` and ``restore(model, optimizer, scheduler, saved)``:
+      how the state is saved before the sweep and put back after it (default: :func:`save_training_state`
+      and :func:`restore_training_state`; the optimizers notebook passes the student's own).
     """
 
     _check_lr(start_lr, allow_zero=False)
@@ -186,13 +233,8 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
             optimizer.step()
             return loss.detach()
 
-    # --- snapshot: clones, not references (state_dict() tensors *are* the live tensors) ----------------
-    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    saved_values = {k: t.detach().clone() for k, t in tensors.items()}
-    saved_grads = {k: (None if p.grad is None else p.grad.detach().clone()) for k, p in model.named_parameters()}
-    saved_optimizer = copy.deepcopy(optimizer.state_dict())
-    saved_modes = {m: m.training for m in model.modules()}
-    saved_rng = rng_state()
+    # --- snapshot: copies, not references (state_dict() tensors *are* the live tensors) ----------------
+    saved = save(model, optimizer, scheduler)
 
     lrs: list[float] = []
     losses: list[float] = []
@@ -220,15 +262,7 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
                 break
             best = min(best, value)
     finally:
-        with torch.no_grad():
-            for k, t in tensors.items():
-                t.copy_(saved_values[k])
-        for k, p in model.named_parameters():
-            p.grad = saved_grads[k]
-        optimizer.load_state_dict(saved_optimizer)
-        for m, mode in saved_modes.items():
-            m.training = mode
-        set_rng_state(saved_rng)
+        restore(model, optimizer, scheduler, saved)
 
     if not lrs:
         raise RuntimeError(f"lr_find: the loss was not finite at the very first lr ({start_lr:g}); "
