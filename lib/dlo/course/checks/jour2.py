@@ -2,6 +2,7 @@
 (Jour2/augment.ipynb). The ``ddp`` steps are in :mod:`dlo.checks_ddp`."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -40,6 +41,9 @@ def _check_wait(wait_times: Callable) -> str:
     expect(len(waits) == 4, f"waits holds the n_iters - 1 = 4 batches after the first, got {len(waits)}")
     expect(0.19 <= first < 0.35, f"first_s must include iter() (0.15 s here) and the first batch (0.05 s): got {first:.3f} s")
     expected = [0.0, 0.12, 0.0, 0.06]
+    cumulative = [sum(expected[:i + 1]) for i in range(len(expected))]
+    expect(not all(c - 0.005 <= w < c + 0.08 for w, c in zip(waits, cumulative)),
+           "each wait grows with the ones before it: restart the clock right before each next(it) (time inside next())")
     bad = [(i, w, e) for i, (w, e) in enumerate(zip(waits, expected)) if not (e - 0.005 <= w < e + 0.08)]
     if bad:
         i, w, e = bad[0]
@@ -49,10 +53,23 @@ def _check_wait(wait_times: Callable) -> str:
 
 @register("dataloader", "budget", ("workers_per_rank",), LOADER_NB)
 def _check_budget(workers_per_rank: Callable) -> str:
-    cases = {(10, 1): 9, (40, 4): 9, (16, 4): 3, (4, 4): 0, (2, 1): 1, (3, 2): 0, (1, 1): 0, (1, 4): 0}
+    cases = {(10, 1): 9, (40, 4): 9, (16, 4): 3, (4, 4): 0, (2, 1): 1, (3, 2): 0, (1, 1): 0, (1, 4): 0, (10, 4): 1,
+             (6, 4): 0, (64, 8): 7}
     for (cores, ranks), expected in cases.items():
         got = workers_per_rank(cores, ranks)
-        expect(got == expected, f"{cores} cores shared by {ranks} rank(s): {expected} workers per rank, got {got!r}")
+        where = f"{cores} cores shared by {ranks} rank(s)"
+        expect(isinstance(got, int) and not isinstance(got, bool),
+               f"{where}: return a whole number of workers per rank (an int), got {got!r}: use integer division //")
+        if got != expected:
+            expect(not (ranks > 1 and got == max(0, cores - 1)),
+                   f"{where}: divide the cores between the {ranks} ranks of the node: {expected} workers per rank, "
+                   f"got {got}")
+            expect(got != max(0, (cores - 1) // ranks),
+                   f"{where}: keep one core per rank (each rank runs its own training loop), not one per node: "
+                   f"{expected} workers per rank, got {got}")
+            expect(not (expected == 0 and got == 1),
+                   f"{where}: no core to spare, so 0 workers per rank (the main process loads the batches), got 1")
+            raise CheckFailed(f"{where}: {expected} workers per rank, got {got!r}")
     return "cores split between ranks, one kept per rank for its training loop"
 
 
@@ -60,6 +77,19 @@ def _check_budget(workers_per_rank: Callable) -> str:
 # augment
 # --------------------------------------------------------------------------------------------------
 AUGMENT_NB = "Jour2/augment.ipynb"
+
+
+def _box_py(lam: float, cy: int, cx: int, height: int, width: int, *, swap: bool = False, rnd=math.floor,
+            centred: bool = True, shift: bool = False) -> tuple[int, int, int, int]:
+    """One CutMix box in plain Python, as the lesson defines it, or with one known mistake (to name it)."""
+    r = math.sqrt(1.0 - lam)
+    h, w = (int(rnd(width * r)), int(rnd(height * r))) if swap else (int(rnd(height * r)), int(rnd(width * r)))
+    y0, x0 = (cy - h // 2, cx - w // 2) if centred else (cy, cx)
+    if shift:  # moved inside the image, keeping its size
+        y0, x0 = min(max(y0, 0), height - h), min(max(x0, 0), width - w)
+        return y0, y0 + h, x0, x0 + w
+    clip = lambda v, hi: min(max(v, 0), hi)  # noqa: E731
+    return clip(y0, height), clip(y0 + h, height), clip(x0, width), clip(x0 + w, width)
 
 
 @register("augment", "box", ("cutmix_box",), AUGMENT_NB)
@@ -78,11 +108,26 @@ def _check_box(cutmix_box: Callable) -> str:
                                       h, w)[0].tolist())
         got = cutmix_box(lam, cy, cx, h, w)
         expect(isinstance(got, tuple) and len(got) == 4, f"return a tuple (y0, y1, x0, x1), got {got!r}")
+        expect(all(hasattr(v, "__index__") and not isinstance(v, bool) for v in got),
+               f"return Python ints (y0, y1, x0, x1), got {got!r}: a float cannot index a slice; math.floor and // "
+               "give ints")
         got = tuple(int(v) for v in got)
         if got != expected:
             y0, y1, x0, x1 = got
+            where = f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image"
             if min(got) < 0 or y1 > h or x1 > w:
                 raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in {h}x{w}: box {got} leaves the image: clip it")
+            mistakes = [
+                (dict(swap=True), "height and width swapped: the box's height comes from the image's height "
+                                  "(floor(height * sqrt(1 - lam))), its width from the width"),
+                (dict(rnd=round), "the sides are truncated, not rounded: floor(height * sqrt(1 - lam))"),
+                (dict(centred=False), "the box is centred on (cy, cx): its top-left corner is (cy - h // 2, cx - w // 2)"),
+                (dict(shift=True), "a box that crosses the border is clipped (it loses the part outside the image), "
+                                   "not moved inside with its full size"),
+            ]
+            for options, message in mistakes:
+                if got == _box_py(lam, cy, cx, h, w, **options) and got != _box_py(lam, cy, cx, h, w):
+                    raise CheckFailed(f"{where}: expected {expected}, got {got}: {message}")
             raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image: expected {expected}, got {got} "
                               "(the sides are floor(height * sqrt(1 - lam)) and floor(width * sqrt(1 - lam)), so that "
                               "the area is 1 - lam of the image)")
@@ -95,8 +140,8 @@ def _check_mixup(mixup_batch: Callable) -> str:
 
 
     g = torch.Generator().manual_seed(0)
-    for channels_last in (False, True):
-        images = torch.rand(6, 3, 5, 7, generator=g)
+    for dtype, channels_last in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
+        images = torch.rand(6, 3, 5, 7, generator=g).to(dtype)
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         targets = torch.nn.functional.one_hot(torch.arange(6) % 4, 4).float()
@@ -106,13 +151,32 @@ def _check_mixup(mixup_batch: Callable) -> str:
         expect(torch.equal(images, before_x) and torch.equal(targets, before_t),
                 "do not modify the inputs in place (no mul_/add_ on images or targets)")
         ref_x, ref_t = mixup_reference(images, targets, MixParams(params.lam, params.perm))
-        expect(got_x.shape == images.shape, f"mixed images must keep the shape {tuple(images.shape)}, got {tuple(got_x.shape)}")
-        expect(torch.allclose(got_x, ref_x, atol=1e-5), "mixed images differ from the reference loop: "
-                "lam[i] * x[i] + (1 - lam[i]) * x[perm[i]], with lam reshaped to [B, 1, 1, 1]")
+        expect(got_x.shape == images.shape,
+               f"mixed images must keep the shape {tuple(images.shape)}, got {tuple(got_x.shape)}")
+        expect(got_x.dtype == images.dtype,
+               f"{str(dtype).replace('torch.', '')} images came out as {got_x.dtype}: lam is float32, so lam * images is "
+               "promoted; convert lam to images.dtype first (the mixed batch keeps the images' dtype)")
+        atol = 1e-5 if dtype == torch.float32 else 2e-2
+        if not torch.allclose(got_x.float(), ref_x.float(), atol=atol):
+            lam, perm = params.lam, params.perm
+            mistakes = [
+                (MixParams(1 - lam, perm), "the weights are swapped: each image keeps lam[i] of itself and takes "
+                                           "1 - lam[i] from its partner"),
+                (MixParams(lam[:1].expand(6).clone(), perm), "every image used lam[0]: each image has its own lam[i]"),
+                (MixParams(lam.mean().expand(6).clone(), perm), "every image used the mean lam: each image has its own "
+                                                                "lam[i]"),
+                (MixParams(lam, torch.arange(6).roll(1)), "the partners are images.roll(1, 0), not the perm you are "
+                                                          "given: gather them with images[perm]"),
+            ]
+            for variant, message in mistakes:
+                if torch.allclose(got_x.float(), mixup_reference(images, targets, variant)[0].float(), atol=atol):
+                    raise CheckFailed(f"mixed images differ from the reference loop: {message}")
+            raise CheckFailed("mixed images differ from the reference loop: lam[i] * x[i] + (1 - lam[i]) * x[perm[i]], "
+                              "with lam reshaped to [B, 1, 1, 1]")
         expect(got_t.shape == targets.shape and torch.allclose(got_t, ref_t, atol=1e-6),
                 "mixed targets differ from the reference: lam[:, None] * t + (1 - lam[:, None]) * t[perm]")
         expect(torch.allclose(got_t.sum(1), torch.ones(6)), "mixed targets must still sum to 1")
-    return "batched MixUp equals the per-image loop, inputs untouched, any memory format"
+    return "batched MixUp equals the per-image loop, inputs untouched, any memory format, the images' dtype kept"
 
 
 @register("augment", "accuracy", ("mixed_accuracy",), AUGMENT_NB)
@@ -127,8 +191,34 @@ def _check_accuracy(mixed_accuracy: Callable) -> str:
     soft = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.2, 0.8], [0.0, 0.6, 0.4], [0.5, 0.0, 0.5]])
     got = mixed_accuracy(logits, soft)
     expected = (0.7 + 0.2 + 0.4 + 0.5) / 4
+    if isinstance(got, float) and abs(got - expected) >= 1e-6:
+        close = lambda v: abs(got - float(v)) < 1e-6  # noqa: E731
+        expect(not close(soft.max(1).values.mean()),
+               "you scored each label's largest weight whatever the model predicted: score targets[i, prediction_i]")
+        expect(not close((torch.softmax(logits, 1) * soft).sum(1).mean()),
+               "you weighted the targets by the softmax probabilities: score the predicted class only, "
+               "targets[i, argmax_i]")
+        expect(not close(expected / soft.shape[1]),
+               "you averaged over the B x K entries of the targets: take one weight per image, then the mean over "
+               "the batch")
     expect(isinstance(got, float) and abs(got - expected) < 1e-6,
             f"soft targets: mean of targets[i, prediction_i] = (0.7 + 0.2 + 0.4 + 0.5) / 4 = {expected:.3f}, got {got!r}")
+    g = torch.Generator().manual_seed(0)  # a random batch of mixed labels, with classes other than 3
+    b, k = 37, 7
+    logits = torch.randn(b, k, generator=g)
+    pair = torch.randint(k, (b, 2), generator=g)
+    lam = torch.rand(b, generator=g)[:, None]
+    one_hot = torch.nn.functional.one_hot(pair, k).float()
+    soft = lam * one_hot[:, 0] + (1 - lam) * one_hot[:, 1]
+    expected = soft[torch.arange(b), logits.argmax(1)].mean().item()
+    got = mixed_accuracy(logits, soft)
+    expect(isinstance(got, float) and abs(got - expected) < 1e-6,
+           f"a random batch of {b} mixed labels over {k} classes: expected {expected:.4f}, got {got!r}")
+    labels = pair[:, 0]
+    got = mixed_accuracy(logits, labels)
+    expected = (logits.argmax(1) == labels).float().mean().item()
+    expect(isinstance(got, float) and abs(got - expected) < 1e-6,
+           f"a random batch of {b} integer labels over {k} classes: expected {expected:.4f}, got {got!r}")
     return "hard labels: usual accuracy; soft labels: each prediction scores its class's weight"
 
 
