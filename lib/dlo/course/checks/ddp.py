@@ -69,6 +69,16 @@ def _check_device(rank_device: Callable) -> str:
     expect(dev.index == ctx.local_rank,
             f"rank 5 of 8 (4 GPUs per node) must use cuda:{ctx.local_rank} (its local_rank), got {dev}: "
             "the global rank points past the node's last GPU")
+    # two processes per node on nodes of 4 GPUs: rank 3 is the second process of the second node, so a device
+    # derived from the global rank (rank % GPUs = 3) differs from local_rank (1)
+    ctx = DistContext(rank=3, local_rank=1, world_size=4, local_world_size=2, master_addr="127.0.0.1",
+                      master_port=29500, source="torchrun")
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.device_count", return_value=4):
+        dev = rank_device(ctx)
+    expect(isinstance(dev, torch.device) and dev.index == ctx.local_rank,
+           f"with 2 processes on each node of 4 GPUs, rank 3 must use cuda:1 (its local_rank), got {dev}: a device "
+           "computed from the global rank (e.g. rank % device_count) is right only when every node runs one process "
+           "per GPU")
     return "one GPU per process, chosen by local_rank; CPU otherwise"
 
 
@@ -149,9 +159,15 @@ class _RecordingSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=1, rank=0, shuffle=True, seed=0)
         self.calls: list[int] = []
 
+        self.drawn_with: list[int] = []  # the epoch each shuffle was drawn with
+
     def set_epoch(self, epoch: int) -> None:
         self.calls.append(epoch)
         super().set_epoch(epoch)
+
+    def __iter__(self):
+        self.drawn_with.append(self.epoch)
+        return super().__iter__()
 
 
 @register("ddp", "epoch", ("train_epoch",), SCRIPT)
@@ -165,6 +181,9 @@ def _check_epoch(train_epoch: Callable) -> str:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = train_epoch(model, loader, sampler, 3, opt, nn.CrossEntropyLoss(), torch.device("cpu"), show_bar=False)
     expect(sampler.calls == [3], f"call sampler.set_epoch(epoch) once at the start of the epoch (calls seen: {sampler.calls})")
+    expect(sampler.drawn_with == [3],
+           f"call sampler.set_epoch(epoch) before iterating the loader: this epoch's order was drawn with epoch "
+           f"{sampler.drawn_with[0] if sampler.drawn_with else None}, so two epochs share one order")
     expect(int(out[2]) == 12, "the epoch must still go through every batch")
     return "set_epoch(epoch) gives each epoch its own shuffle, identical on all ranks"
 
