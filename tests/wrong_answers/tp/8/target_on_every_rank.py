@@ -1,0 +1,29 @@
+"""Picks the target logit at the clamped local index on every rank without masking: the ranks that do not own
+the label add a wrong logit to the sum."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dlo.course.checks.framework import load_exercises
+from dlo.runtime.paths import ROOT
+
+# everything else as in the reference tp_balises.py; only the part below is wrong
+globals().update({k: v for k, v in load_exercises(ROOT / "tp_tensor_parallel" / "tp_balises.py").items()
+                  if not k.startswith("__")})
+
+EXPECT = 'holds the label'
+
+
+def vocab_parallel_cross_entropy(local_logits, labels, group=None, *, ignore_index=-100):
+    r = group_rank(group)
+    z = local_logits.float()
+    n = z.shape[-1]
+    start = r * n
+    m = all_reduce(z.detach().amax(dim=-1), group, op=dist.ReduceOp.MAX)
+    z = z - m.unsqueeze(-1)
+    target = z.gather(-1, (labels - start).clamp(0, n - 1).unsqueeze(-1)).squeeze(-1)
+    sums = reduce_from_region(torch.stack((z.exp().sum(dim=-1), target)), group)
+    per_token = sums[0].log() - sums[1]
+    valid = labels != ignore_index
+    return (per_token * valid).sum() / valid.sum().clamp(min=1)
