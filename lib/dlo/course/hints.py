@@ -407,6 +407,15 @@ HINTS: dict[tuple[str, str], Hint] = {
         "Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.",
         "Ranks of one TP group see the same data; the DP group is where data differs and must be averaged.",
         "DistributedSampler(num_replicas=dp_size, rank=dp_rank), all_reduce over the DP group."),
+    # ---------------------------------------------------------------- context parallelism
+    ("context", "merge"): _h(
+        "Combine the attention of the same queries over two disjoint key sets into the attention over their union, "
+        "with the log-sum-exp of the union, so that ring attention can add one key block at a time.",
+        "A softmax over A and B is a weighted mix of the softmaxes over A and over B; each part's weight is its share "
+        "of the denominator, exp(lse_part) / (exp(lse_a) + exp(lse_b)). Never exponentiate a raw lse: scores of a "
+        "few hundred overflow float32.",
+        "torch.logaddexp for the merged lse, torch.exp(lse_part - lse) for the weights, unsqueeze(-1) so that a "
+        "[..., seq] weight multiplies a [..., seq, head_dim] output."),
 }
 
 # Classes a step's functions rely on, whose methods hold solution regions of that step.
