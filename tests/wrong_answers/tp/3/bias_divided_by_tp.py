@@ -1,0 +1,30 @@
+"""Adds bias / tp on every rank before the all-reduce: the output is right, but the bias's gradient is tp times
+too small."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlo.course.checks.framework import load_exercises
+from dlo.runtime.paths import ROOT
+
+# everything else as in the reference tp_balises.py; only the part below is wrong
+globals().update({k: v for k, v in load_exercises(ROOT / "tp_tensor_parallel" / "tp_balises.py").items()
+                  if not k.startswith("__")})
+
+EXPECT = 'bias / tp'
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(self, full, group=None):
+        super().__init__()
+        self.group = group
+        tp, r = group_size(group), group_rank(group)
+        _divisible("in_features", full.in_features, tp, "RowParallelLinear")
+        n = full.in_features // tp
+        self.weight = nn.Parameter(full.weight.detach()[:, r * n:(r + 1) * n].clone())
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x):
+        tp = group_size(self.group)
+        bias = None if self.bias is None else self.bias / tp
+        return reduce_from_region(F.linear(x, self.weight, bias), self.group)

@@ -1,0 +1,27 @@
+"""Turns copy_input off on gate and up but never applies f itself: the forward is right, the input's gradient
+only holds this rank's part."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlo.course.checks.framework import load_exercises
+from dlo.runtime.paths import ROOT
+
+# everything else as in the reference tp_balises.py; only the part below is wrong
+globals().update({k: v for k, v in load_exercises(ROOT / "tp_tensor_parallel" / "tp_balises.py").items()
+                  if not k.startswith("__")})
+
+EXPECT = 'input gradient'
+
+
+class ParallelSwiGLU(nn.Module):
+    def __init__(self, full, group=None):
+        super().__init__()
+        self.group = group
+        _divisible("intermediate_size", full.gate_proj.out_features, group_size(group), "ParallelSwiGLU")
+        self.gate_proj = ColumnParallelLinear(full.gate_proj, group, copy_input=False)
+        self.up_proj = ColumnParallelLinear(full.up_proj, group, copy_input=False)
+        self.down_proj = RowParallelLinear(full.down_proj, group)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,40 @@
+"""Splits the query heads but keeps whole copies of k_proj and v_proj on every rank: each rank's query heads
+then meet the first K/V heads instead of their own group's."""
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dlo.course.checks.framework import load_exercises
+from dlo.runtime.paths import ROOT
+
+# everything else as in the reference tp_balises.py; only the part below is wrong
+globals().update({k: v for k, v in load_exercises(ROOT / "tp_tensor_parallel" / "tp_balises.py").items()
+                  if not k.startswith("__")})
+
+EXPECT = 'replicate none'
+
+
+class ParallelAttention(nn.Module):
+    def __init__(self, full, group=None):
+        super().__init__()
+        self.group, self.head_dim = group, full.head_dim
+        tp = group_size(group)
+        _divisible("num_heads", full.num_heads, tp, "ParallelAttention")
+        _divisible("num_kv_heads", full.num_kv_heads, tp, "ParallelAttention")
+        self.num_heads, self.num_kv_heads = full.num_heads // tp, full.num_kv_heads
+        self.q_proj = ColumnParallelLinear(full.q_proj, group, copy_input=False)
+        self.k_proj = copy.deepcopy(full.k_proj)
+        self.v_proj = copy.deepcopy(full.v_proj)
+        self.o_proj = RowParallelLinear(full.o_proj, group)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        x = copy_to_region(x, self.group)
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, k, cos, sin)
+        out = causal_attention(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
