@@ -11,6 +11,7 @@ tokens/s, MFU, peak memory, the memory the calculator (``dlo.measure.memory``) p
 Run it:
     python fsdp_train.py --model smoke --steps 6                        # one process
     torchrun --nproc_per_node 2 fsdp_train.py --model smoke --strategy fsdp
+    torchrun --nproc_per_node 2 fsdp_train.py --runs '[{"compute_only": true}, {"prefetch": "none"}]' --timed-repeats 7
     dlo.runtime.launch("fsdp_train.py", [..., "--runs", json.dumps([...])], nproc=2)   # what the notebook does
 
 Exercises 0-8 are the functions with a TODO in ``student/fsdp_train.py``; ``dlo check fsdp <step>`` checks one.
@@ -30,7 +31,9 @@ from torch import nn
 import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
 from dlo.data import tokens
 from dlo.runtime import exit_after_success, expand_runs, init_distributed, pick_device, teardown, write_record
+from dlo.measure import bench
 from dlo.measure.memory import GB, count_parameters, per_gpu_memory
+from dlo.parallel import agreed_timer
 from dlo.parallel import fsdp as ref
 
 
@@ -163,6 +166,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-reshard", action="store_true", help="FSDP: keep gathered weights from forward to backward")
     p.add_argument("--offload", action="store_true", help="FSDP: CPU offload of the sharded state (GPU only)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--prefetch", default="default", choices=list(ref.PREFETCH_MODES),
+                   help="FSDP: when each layer's all-gather is issued (dlo.parallel.fsdp.set_prefetch)")
+    p.add_argument("--prefetch-depth", type=int, default=2, help="FSDP, --prefetch explicit: layers gathered ahead")
+    p.add_argument("--compute-only", action="store_true",
+                   help="the baseline of exposed communication: the unsharded model on every rank, no collective")
+    p.add_argument("--timed-repeats", type=int, default=0,
+                   help="after the training steps: warm up until steady, then time this many steps (0: none)")
+    p.add_argument("--warmup-max-calls", type=int, default=10, help="cap on the warm-up steps of --timed-repeats")
     p.add_argument("--resume-check", action="store_true",
                    help="FSDP: train half, save a sharded checkpoint, reload it into a fresh model, finish, compare")
     p.add_argument("--runs", default=None,
@@ -175,18 +186,26 @@ def build(args, ctx, device, cfg):
     if args.offload and args.strategy != "fsdp":
         raise ValueError(f"--offload is an FSDP option, not one of {args.strategy}")
     offload = offload_policy(device, args.offload) if args.strategy == "fsdp" else None  # errors before any work
+    if args.prefetch != "default" and (args.strategy != "fsdp" or args.compute_only):
+        raise ValueError(f"--prefetch {args.prefetch} schedules FSDP's all-gathers: use it with --strategy fsdp only")
+    if args.compute_only and (args.offload or args.resume_check or args.strategy.startswith("zero")):
+        raise ValueError("--compute-only runs the plain model without any communication: no --offload, "
+                         "--resume-check or DeepSpeed strategy with it")
     model = ref.build_llama(cfg, model_path=args.model_path, seed=args.seed, device=device)
     if args.checkpointing:
         apply_activation_checkpointing(model)
     if args.compile:
         compile_layers(model)
-    if args.strategy == "ddp":
+    if args.compute_only:  # same model, same per-rank batches, nothing sharded, nothing communicated
+        pass
+    elif args.strategy == "ddp":
         model = wrap_ddp(model, ctx, device)
         if args.precision != "fp32":
             raise ValueError("this script runs DDP in fp32 only (the baseline); use --strategy fsdp for bf16")
     elif args.strategy == "fsdp":
         model = apply_fsdp(model, mp_policy=mixed_precision_policy(args.precision),
                            reshard_after_forward=not args.no_reshard, offload=offload)
+        ref.set_prefetch(model, args.prefetch, depth=args.prefetch_depth)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     engine = None
     if args.strategy.startswith("zero"):
@@ -199,11 +218,14 @@ def run(args, ctx, device, dataset, name: str) -> dict:
     say = print if ctx.is_main else (lambda *a, **k: None)
     cfg = ref.model_config(args.model)
     per_rank = tokens.per_rank_batch(args.global_batch, ctx.world_size)
-    strategy_mem = "fsdp" if args.strategy == "fsdp" else args.strategy
+    strategy_mem = "ddp" if args.compute_only else args.strategy
     predicted = per_gpu_memory(cfg, ctx.world_size, strategy=strategy_mem, precision=ref.memory_precision(args.precision),
                                batch=per_rank, seq_len=args.seq_len, checkpointing=args.checkpointing)
     record = {"run": name, "strategy": args.strategy, "precision": args.precision, "checkpointing": args.checkpointing,
               "reshard_after_forward": not args.no_reshard, "offload": args.offload, "compile": args.compile,
+              "prefetch": None if args.compute_only or args.strategy != "fsdp" else args.prefetch,
+              "prefetch_depth": args.prefetch_depth if args.prefetch == "explicit" else None,
+              "compute_only": args.compute_only,
               "model": args.model, "n_params": count_parameters(cfg)["total"], "seq_len": args.seq_len,
               "global_batch": args.global_batch, "per_rank_batch": per_rank, "device": str(device),
               "predicted_gb": predicted["total"] / GB, "predicted": predicted}
@@ -218,6 +240,8 @@ def run(args, ctx, device, dataset, name: str) -> dict:
                                      ctx.world_size if device.type == "cuda" else 1, precision=args.precision))
         if args.resume_check:
             record.update(resume_check(args, ctx, device, dataset, cfg, out["losses"]))
+        if args.timed_repeats > 0:
+            record.update(steady_timing(args, ctx, device, dataset, name, model, optimizer, engine))
     except torch.OutOfMemoryError as exc:  # what the calculator predicted: report it, go on with the next run
         record.update(status="oom", error=str(exc).splitlines()[0])
     finally:
@@ -226,6 +250,12 @@ def run(args, ctx, device, dataset, name: str) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     write_record(record)
+    if record["status"] == "ok" and record.get("timing"):
+        t, exposed = record["timing"], record.get("exposed_comm_s")
+        say(f"[{name}] steady step {t['median_s'] * 1e3:.1f} ms [{t['q25_s'] * 1e3:.1f}-{t['q75_s'] * 1e3:.1f}] "
+            f"(steady: {t['steady']}), {record['collective_count_per_step']} collectives "
+            f"({record['collective_bytes_per_step'] / 2**20:.2f} MiB) per step"
+            + (f", exposed communication {exposed * 1e3:.1f} ms" if exposed is not None else ""))
     if record["status"] == "ok":
         mfu = f", MFU {record['mfu']:.1%}" if record.get("mfu") is not None else ""
         say(f"[{name}] loss {record['losses'][0]:.3f} -> {record['losses'][-1]:.3f}, "
@@ -234,6 +264,45 @@ def run(args, ctx, device, dataset, name: str) -> dict:
     else:
         say(f"[{name}] out of memory (predicted {record['predicted_gb']:.1f} GB per rank)")
     return record
+
+
+#: The compute-only runs of this launch, by the settings a step's computation depends on: the baseline that
+#: a later FSDP run with the same settings subtracts (exposed communication).
+_BASELINES: dict[tuple, bench.Measurement] = {}
+
+
+def steady_timing(args, ctx, device, dataset, name: str, model, optimizer, engine) -> dict:
+    """After the training steps: the collectives of one step (counted), then steps timed until steady
+    (``dlo.measure.bench``: warm-up until 3 steps agree, then ``--timed-repeats`` steps). Every rank takes
+    the slowest rank's time of each step (``agreed_timer``, an all-reduce *between* steps), so all ranks
+    run the same steps. Exposed communication = this step's median − the compute-only baseline's median
+    (a run with ``--compute-only`` and the same model, batch and precision, earlier in the launch)."""
+    data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, start_step=args.steps,
+                       device=device)
+    autocast = torch.bfloat16 if args.compute_only and args.precision != "fp32" else None
+
+    def step():
+        ids, labels = next(data)
+        ref.train_step(model, optimizer, ids, labels, engine=engine, autocast_dtype=autocast)
+
+    with ref.CollectiveCounter() as counter:
+        step()
+    collectives = counter.summary()
+    m = bench.measure(name, step, items_per_call=args.global_batch * args.seq_len, unit="tokens/s",
+                      warmup=bench.Warmup(max_calls=args.warmup_max_calls), repeats=args.timed_repeats,
+                      device=device, track_memory=False, progress=False, timer=agreed_timer(device))
+    out = {"timing": m.to_record(), "collectives_per_step": collectives,
+           "collective_count_per_step": sum(c["count"] for c in collectives.values()),
+           "collective_bytes_per_step": sum(c["bytes"] for c in collectives.values()),
+           "exposed_comm_s": None, "exposed_comm_low_s": None, "exposed_comm_high_s": None, "baseline_run": None}
+    key = (args.model, args.seq_len, args.global_batch, args.precision, args.checkpointing, args.compile)
+    if args.compute_only:
+        _BASELINES[key] = m
+    elif key in _BASELINES:
+        base = _BASELINES[key]
+        out.update(exposed_comm_s=m.median_s - base.median_s, baseline_run=base.name,
+                   exposed_comm_low_s=m.q25_s - base.q75_s, exposed_comm_high_s=m.q75_s - base.q25_s)
+    return out
 
 
 def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict:

@@ -30,7 +30,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -48,7 +48,8 @@ from dlo.parallel.ddp import ddp_wrap
 
 __all__ = ["SMOKE_LLAMA", "MODEL_CONFIGS", "model_config", "build_llama", "decoder_layers", "lm_loss", "wrap_ddp",
            "PRECISIONS", "mixed_precision", "offload_policy", "apply_activation_checkpointing", "compile_layers",
-           "apply_fsdp", "is_resharded_after_forward", "batches", "train_steps", "compute_precision", "throughput",
+           "apply_fsdp", "is_resharded_after_forward", "PREFETCH_MODES", "set_prefetch",
+           "COUNTED_COLLECTIVES", "CollectiveCounter", "train_step", "batches", "train_steps", "compute_precision", "throughput",
            "save_sharded", "load_sharded", "deepspeed_config", "deepspeed_initialize", "full_gradients", "memory_precision"]
 
 #: The smoke model: a 2-layer Llama (GQA, SwiGLU, tied embeddings like Llama 3.2) of ~0.1 M parameters,
@@ -187,13 +188,208 @@ def apply_fsdp(model: nn.Module, *, mp_policy=None, reshard_after_forward: bool 
     return model
 
 
-def is_resharded_after_forward(module: nn.Module) -> bool:
-    """Whether an FSDP2 module frees its gathered weights after forward (and re-gathers them in backward)."""
-    state = module._get_fsdp_state()  # FSDP2 internals, present in torch 2.4 .. 2.13
-    group = state._fsdp_param_group
-    if group is None:
+def _unit_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters registered under ``module`` that no nested FSDP module owns (its own unit's)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out, stack = [], [module]
+    while stack:
+        mod = stack.pop()
+        out += list(mod.parameters(recurse=False))
+        stack += [child for child in mod.children() if not isinstance(child, FSDPModule)]
+    return out
+
+
+def is_resharded_after_forward(module: nn.Module, *, forward: Callable[[], Any] | None = None) -> bool:
+    """Whether an FSDP2 module frees its gathered weights after forward (and re-gathers them in backward).
+
+    With ``forward`` (a call that runs one forward through the *root* model, e.g.
+    ``lambda: model(input_ids=ids)``) this is observed through public behaviour only: right after the
+    module's forward, FSDP2 with ``reshard_after_forward=True`` has registered its sharded ``DTensor``
+    parameters again, with ``False`` the module still holds plain unsharded tensors (until its backward).
+    The module is resharded afterwards (``FSDPModule.reshard()``), as it is after a training step.
+
+    Without ``forward`` (a module wrapped but not run yet: no public call reports the setting, and running a
+    layer on its own would make it a root) the setting is read from FSDP2's state; the test suite checks
+    that both answers agree (tests/test_fsdp_prefetch.py)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(module, FSDPModule):
+        raise ValueError(f"{type(module).__name__} is not an FSDP module: call fully_shard on it first")
+    if forward is not None:
+        seen: list[bool] = []
+
+        def after(mod, args, output):  # registered after FSDP's own post-forward hook: runs after it
+            seen.append(all(isinstance(p, DTensor) for p in _unit_parameters(mod)))
+
+        handle = module.register_forward_hook(after)
+        try:
+            with torch.no_grad():
+                forward()
+        finally:
+            handle.remove()
+            module.reshard()
+        if not seen:
+            raise ValueError("the forward call never ran this module: pass a call through the root model")
+        return seen[0]
+    state = module._get_fsdp_state()  # FSDP2 internals: one group in torch 2.4 .. 2.11, a list from 2.12 on
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        groups = [g for g in [getattr(state, "_fsdp_param_group", None)] if g is not None]
+    if not groups:
         raise ValueError("this FSDP module manages no parameters")
-    return group.post_forward_mesh_info is not None
+    return all(group.post_forward_mesh_info is not None for group in groups)
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefetching, and what the collectives cost
+# --------------------------------------------------------------------------------------------------
+
+#: How the all-gathers of the decoder layers are scheduled (:func:`set_prefetch`).
+PREFETCH_MODES = ("default", "none", "explicit")
+
+
+def _grad_tensors(output: Any) -> list[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        return [output] if output.requires_grad else []
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _grad_tensors(item)]
+    if isinstance(output, dict):
+        return [t for item in output.values() for t in _grad_tensors(item)]
+    return []
+
+
+def set_prefetch(model: nn.Module, mode: str, *, depth: int = 2) -> list:
+    """Schedule the decoder layers' all-gathers of an FSDP2 model (after :func:`apply_fsdp`); returns the hook
+    handles it added (``handle.remove()`` undoes the ``"none"`` mode).
+
+    * ``"default"``: FSDP2's own schedule. In forward the next layer's all-gather is issued when the host
+      reaches that layer, on a separate stream, so on a GPU it runs while the kernels of the layer before
+      still execute (the host is ahead of the GPU); in backward each layer also issues the all-gather of the
+      layer that comes next in backward before computing its own.
+    * ``"explicit"``: each layer prefetches the next ``depth`` layers in forward and the previous ``depth`` in
+      backward (``FSDPModule.set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``, as
+      torchtitan does): the all-gathers are issued earlier, at the cost of holding ``depth`` more layers.
+    * ``"none"``: nothing ahead of time. Each layer is gathered by an explicit ``FSDPModule.unshard()`` on
+      the compute stream right before its forward and right before its backward, so the all-gather waits
+      for the compute before it and the compute after waits for it. An empty prefetch list means "the
+      default" to FSDP2, so backward prefetching is switched off by making each layer prefetch only itself
+      (gathered already at that point: nothing happens).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if mode not in PREFETCH_MODES:
+        raise ValueError(f"unknown prefetch mode {mode!r}: choose one of {', '.join(PREFETCH_MODES)}")
+    if not (isinstance(depth, int) and depth >= 1):
+        raise ValueError(f"prefetch depth must be an integer >= 1 (layers ahead), got {depth!r}")
+    layers = list(decoder_layers(model))
+    if not all(isinstance(layer, FSDPModule) for layer in layers):
+        raise ValueError("set_prefetch needs an FSDP2 model: call apply_fsdp (fully_shard on every layer) first")
+    handles: list = []
+    if mode == "explicit":
+        for i, layer in enumerate(layers):
+            layer.set_modules_to_forward_prefetch(layers[i + 1:i + 1 + depth])
+            layer.set_modules_to_backward_prefetch(layers[max(0, i - depth):i][::-1])
+    elif mode == "none":
+        for layer in layers:
+            layer.set_modules_to_backward_prefetch([layer])
+
+            def gather_now(mod, args, kwargs=None):
+                mod.unshard()  # on the compute stream: after the compute queued before it
+
+            def gather_before_backward(mod, args, output):
+                for t in _grad_tensors(output):  # registered before FSDP's own pre-backward hook: runs first
+                    t.register_hook(lambda grad, mod=mod: (mod.unshard(), grad)[1])
+                return None
+
+            handles.append(layer.register_forward_pre_hook(gather_now, prepend=True))
+            handles.append(layer.register_forward_hook(gather_before_backward, prepend=True))
+    return handles
+
+
+#: The collectives of ``torch.distributed`` that :class:`CollectiveCounter` counts (FSDP2 calls
+#: ``all_gather_single`` / ``reduce_scatter_single`` from torch 2.12 on, ``all_gather_into_tensor`` /
+#: ``reduce_scatter_tensor`` before).
+COUNTED_COLLECTIVES = ("all_gather_single", "all_gather_into_tensor", "all_gather", "reduce_scatter_single",
+                       "reduce_scatter_tensor", "reduce_scatter", "all_reduce", "broadcast", "all_to_all_single",
+                       "barrier")
+
+
+def _collective_bytes(args: tuple, kwargs: dict) -> int:
+    sizes = [t.numel() * t.element_size() for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor)]
+    for item in list(args) + list(kwargs.values()):
+        if isinstance(item, (list, tuple)):
+            sizes += [t.numel() * t.element_size() for t in item if isinstance(t, torch.Tensor)]
+    return max(sizes, default=0)
+
+
+class CollectiveCounter:
+    """Inside ``with CollectiveCounter() as c:``, every collective called through ``torch.distributed`` (the
+    names in :data:`COUNTED_COLLECTIVES`) is counted in ``c.calls``: ``(name, bytes)``, bytes being the
+    largest tensor of the call (an all-gather's full output, a reduce-scatter's full input, an
+    all-reduce's tensor). The calls themselves are unchanged. A collective called from inside another
+    (``all_gather_into_tensor`` calling ``all_gather_single``) counts once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self._saved: dict[str, Any] = {}
+        self._depth = 0
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self._depth == 0:
+                self.calls.append((name.replace("_single", "").replace("_into_tensor", "").replace("_tensor", ""),
+                                   _collective_bytes(args, kwargs)))
+            self._depth += 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._depth -= 1
+        return counted
+
+    def __enter__(self) -> "CollectiveCounter":
+        for name in COUNTED_COLLECTIVES:
+            real = getattr(dist, name, None)
+            if real is not None:
+                self._saved[name] = real
+                setattr(dist, name, self._wrap(name, real))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, real in self._saved.items():
+            setattr(dist, name, real)
+        self._saved.clear()
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """``{kind: {"count": n, "bytes": total}}``, e.g. ``{"all_gather": {...}, "reduce_scatter": {...}}``."""
+        out: dict[str, dict[str, int]] = {}
+        for name, size in self.calls:
+            entry = out.setdefault(name, {"count": 0, "bytes": 0})
+            entry["count"] += 1
+            entry["bytes"] += size
+        return out
+
+
+def train_step(model: nn.Module, optimizer, ids: torch.Tensor, labels: torch.Tensor, *, engine=None,
+               autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One optimizer step (forward, loss, backward, step) as :func:`train_steps` runs it; returns the loss.
+    ``autocast_dtype``: run forward under ``torch.autocast`` in that dtype (the compute-only baseline of a
+    bf16 FSDP run, whose gathered weights are bf16)."""
+    if autocast_dtype is not None:
+        with torch.autocast(ids.device.type, dtype=autocast_dtype):
+            logits = (engine or model)(input_ids=ids).logits
+    else:
+        logits = (engine or model)(input_ids=ids).logits
+    loss = lm_loss(logits, labels)
+    if engine is not None:
+        engine.backward(loss)
+        engine.step()
+    else:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return loss.detach()
 
 
 # --------------------------------------------------------------------------------------------------
