@@ -302,8 +302,13 @@ def _check_channels_last(to_channels_last: Callable) -> str:
     m, x2 = out
     cl = torch.channels_last
     expect(m.conv.weight.is_contiguous(memory_format=cl), "convert the model: model.to(memory_format=torch.channels_last)")
+    expect(isinstance(x2, torch.Tensor) and x2.shape == x.shape,
+           f"the images must keep their shape {tuple(x.shape)} (N, C, H, W), got "
+           f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "
+           "layout in memory, not the order of the axes (no permute)")
     expect(x2.is_contiguous(memory_format=cl) and not x2.is_contiguous(),
-            "convert the images too: images.contiguous(memory_format=torch.channels_last)")
+            "convert the images too: images = images.contiguous(memory_format=torch.channels_last) (it returns a "
+            "new tensor, unlike model.to which converts the model in place)")
     expect(torch.equal(x2, x), "the values must not change, only the layout")
     return "model weights and images are NHWC (channels_last) in memory"
 
