@@ -9,7 +9,7 @@ reduce-scattered, so each rank ends with the averaged gradient of *its* shard an
 FSDP2 (``torch.distributed.fsdp.fully_shard``) turns each parameter into a ``DTensor`` sharded on dim 0.
 Calling ``fully_shard`` on each decoder layer, then on the root model, makes one communication group per
 layer (one all-gather / reduce-scatter each) plus one for what is left (embeddings, final norm, head):
-layer ``i+1``'s all-gather is prefetched while layer ``i`` computes.
+layer ``i+1``'s all-gather is prefetched while layer ``i`` computes (:func:`set_prefetch`).
 
 This module holds the pieces the workshop script (``tp_fsdp/fsdp_train.py``) is checked against:
 
@@ -20,6 +20,9 @@ This module holds the pieces the workshop script (``tp_fsdp/fsdp_train.py``) is 
 * training: :func:`lm_loss`, :func:`batches`, :func:`train_steps` (timed steps, peak memory, losses),
   :func:`throughput` (tokens/s and MFU through :mod:`dlo.measure.flops`, against the peak of the precision
   the step computes in, :func:`compute_precision`);
+* prefetching and communication: :func:`set_prefetch` (FSDP2's default schedule, none, or explicit N layers
+  ahead), :class:`CollectiveCounter` (collectives per step, count and bytes), :func:`train_step` (one step,
+  for the steady timing of the script's ``--timed-repeats``);
 * sharded checkpoints: :func:`save_sharded`, :func:`load_sharded` (``torch.distributed.checkpoint``);
 * DeepSpeed ZeRO: :func:`deepspeed_config`, :func:`deepspeed_initialize`.
 """
@@ -303,8 +306,9 @@ def set_prefetch(model: nn.Module, mode: str, *, depth: int = 2) -> list:
                     t.register_hook(lambda grad, mod=mod: (mod.unshard(), grad)[1])
                 return None
 
-            handles.append(layer.register_forward_pre_hook(gather_now, prepend=True))
-            handles.append(layer.register_forward_hook(gather_before_backward, prepend=True))
+            # like FSDP's own hooks, kept out of torch.compile's graphs (a compiled layer runs its hooks too)
+            handles.append(layer.register_forward_pre_hook(torch.compiler.disable(gather_now), prepend=True))
+            handles.append(layer.register_forward_hook(torch.compiler.disable(gather_before_backward), prepend=True))
     return handles
 
 
