@@ -1,0 +1,146 @@
+"""Worker of expert parallelism (:mod:`dlo.parallel.experts`) against one process's MoE, on ``world`` processes.
+
+``launch(experts_worker.__file__, ["--ep", "2", "--configs", "4:2:1.0,6:1:none"], nproc=2)``: the ranks are cut
+into expert-parallel groups of ``ep`` consecutive ranks (``world / ep`` groups, each a data-parallel replica
+with its own batch). In every group, each rank builds the same :class:`~dlo.parallel.experts.MoEFeedForward`
+(same seed) and the same global batch, keeps its slice, runs :class:`~dlo.parallel.experts.ExpertParallelMoE`
+forward and backward, and compares with the reference on the whole batch (``groups=ep``): the output, the aux
+loss, the statistics, the gradients of its tokens, of its experts and of the router (summed over the group).
+Every call of ``torch.distributed.all_to_all_single`` is logged with the phase it ran in (forward or
+backward), its dtype and the bytes it moved to other ranks. One record per rank and configuration
+(``E:k:capacity_factor``); ``--llama`` adds a 2-layer MoE Llama, expert-parallel, against one process.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+
+from dlo.parallel.experts import ExpertParallelMoE, MoEFeedForward, experts_of, group_sizes, moe_aux_loss, moe_llama
+from dlo.runtime import init_distributed, teardown, write_record
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+PHASE = ["forward"]
+CALLS: list[dict] = []  # every all_to_all_single of this rank: phase, dtype, rows sent to each rank, bytes
+
+
+def _logging_all_to_all_single(real):
+    def call(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False):
+        ep, me = dist.get_world_size(group), dist.get_rank(group)
+        splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // ep] * ep
+        row = input[0].numel() * input.element_size() if input.dim() > 1 and input.shape[0] else (
+            input.element_size() if input.dim() == 1 else 0)
+        CALLS.append({"phase": PHASE[0], "dtype": str(input.dtype).replace("torch.", ""), "rows": splits,
+                      "bytes_to_others": row * sum(c for d, c in enumerate(splits) if d != me)})
+        return real(output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op)
+    return call
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
+
+
+def _parse(config: str) -> tuple[int, int, float | None]:
+    e, k, cf = config.split(":")
+    return int(e), int(k), None if cf == "none" else float(cf)
+
+
+def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int, capacity_factor: float | None,
+            hidden: int, inter: int, batch: int, seq: int, dtype: torch.dtype, seed: int) -> dict:
+    ref = MoEFeedForward(hidden, inter, experts, top_k, capacity_factor=capacity_factor, seed=seed).to(dtype)
+    g = torch.Generator().manual_seed(seed * 7 + replica)
+    x = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype) * 4
+    w = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype)
+    mine = ExpertParallelMoE(ref, group)
+    ref_x = x.clone().requires_grad_()
+    ref_out = ref(ref_x, groups=ep)
+    ((ref_out * w).sum() + 0.5 * ref.aux_loss).backward()
+    lo = sum(group_sizes(batch, ep)[:rank])
+    hi = lo + group_sizes(batch, ep)[rank]
+    my_x = x[lo:hi].clone().requires_grad_()
+    CALLS.clear()
+    PHASE[0] = "forward"
+    out = mine(my_x)
+    PHASE[0] = "backward"
+    ((out * w[lo:hi]).sum() + 0.5 * mine.aux_loss).backward()
+    PHASE[0] = "forward"
+    router_grad = mine.router.weight.grad.clone()
+    dist.all_reduce(router_grad, group=group)  # the router is replicated: its gradient is summed over the group
+    local = experts_of(rank, experts, ep)
+    expert_err = max(_err(p.grad, q.grad) for j, e in enumerate(local)
+                     for p, q in zip(mine.experts[j].parameters(), ref.experts[e].parameters()))
+    same_stats = all(mine.stats[k] == ref.stats[k] for k in ("tokens", "tokens_per_expert", "kept_per_expert",
+                                                              "dropped", "dropped_tokens", "imbalance"))
+    return {"case": "compare", "experts": experts, "top_k": top_k, "capacity_factor": capacity_factor,
+            "ep": ep, "replica": replica, "group_rank": rank, "dtype": str(dtype).replace("torch.", ""),
+            "hidden": hidden, "local_tokens": (hi - lo) * seq, "local_experts": list(local),
+            "out": _err(out, ref_out[lo:hi]), "aux": abs(float(mine.aux_loss) - float(ref.aux_loss)),
+            "aux_loss": float(ref.aux_loss), "dx": _err(my_x.grad, ref_x.grad[lo:hi]),
+            "drouter": _err(router_grad, ref.router.weight.grad), "dexperts": expert_err,
+            "same_stats": same_stats, "stats": mine.stats, "ref_stats": ref.stats, "comm": dict(mine.comm),
+            "calls": list(CALLS)}
+
+
+def llama_case(group, ep: int, rank: int, replica: int, seed: int) -> dict:
+    """A 2-layer Llama with a MoE in each block, expert-parallel over the group, against one process."""
+    from dlo.models.config import TINY_LLAMA
+    from dlo.models.llama import Llama, lm_loss, token_batch
+
+    cfg = TINY_LLAMA.replace(num_layers=2, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2,
+                             vocab_size=64, head_dim=None)
+    batch = 2 * ep
+    tokens, labels = token_batch(batch, 8, cfg.vocab_size, seed=seed + replica)
+    ref = moe_llama(Llama(cfg, seed=seed), 4 if 4 % ep == 0 else 2 * ep, 2, capacity_factor=1.0, groups=ep, seed=seed)
+    mine = moe_llama(Llama(cfg, seed=seed), 4 if 4 % ep == 0 else 2 * ep, 2, capacity_factor=1.0, seed=seed,
+                     ep_group=group, expert_parallel=True)
+    ref_logits = ref(tokens)
+    (lm_loss(ref_logits, labels) * batch + 0.01 * moe_aux_loss(ref)).backward()
+    lo, hi = rank * 2, rank * 2 + 2
+    logits = mine(tokens[lo:hi])
+    (lm_loss(logits, labels[lo:hi]) * 2 + 0.01 * moe_aux_loss(mine)).backward()
+    grad = mine.embed_tokens.weight.grad.clone()
+    dist.all_reduce(grad, group=group)  # replicated weights: gradients summed over the group
+    return {"case": "llama", "ep": ep, "replica": replica, "group_rank": rank,
+            "logits": _err(logits, ref_logits[lo:hi]),
+            "aux": abs(float(moe_aux_loss(mine)) - float(moe_aux_loss(ref))),
+            "dembed": _err(grad, ref.embed_tokens.weight.grad)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ep", type=int, default=None, help="expert-parallel group size; default: the world size")
+    p.add_argument("--configs", default="4:2:none,4:1:1.0,4:2:0.75", help="E:k:capacity_factor, comma-separated")
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--hidden", type=int, default=16)
+    p.add_argument("--inter", type=int, default=24)
+    p.add_argument("--batch-per-rank", type=int, default=3)
+    p.add_argument("--seq", type=int, default=8)
+    p.add_argument("--llama", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    dist.all_to_all_single = _logging_all_to_all_single(dist.all_to_all_single)
+    init_distributed(backend="gloo", device="cpu", timeout_s=120)
+    try:
+        world, me = dist.get_world_size(), dist.get_rank()
+        ep = args.ep or world
+        if world % ep:
+            raise ValueError(f"ep={ep} must divide the world size {world}")
+        groups = [dist.new_group(list(range(s, s + ep))) for s in range(0, world, ep)]  # every rank makes each
+        group = groups[me // ep] if ep < world else None
+        replica, rank = me // ep, me % ep
+        for config in args.configs.split(","):
+            experts, top_k, cf = _parse(config)
+            for dtype in args.dtypes.split(","):
+                write_record(compare(group, ep, rank, replica, experts=experts, top_k=top_k, capacity_factor=cf,
+                                     hidden=args.hidden, inter=args.inter, batch=args.batch_per_rank * ep,
+                                     seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k))
+        if args.llama:
+            write_record(llama_case(group, ep, rank, replica, seed=3))
+        dist.barrier()
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
