@@ -114,6 +114,12 @@ def _check_3(RowParallelLinear: type) -> str:
     torch.manual_seed(0)
     full = nn.Linear(8, 6)
     layer = RowParallelLinear(full, None)
+    for name in ("weight", "bias"):
+        mine, theirs = getattr(layer, name, None), getattr(full, name)
+        expect(isinstance(mine, nn.Parameter), "keep the slice and the bias as nn.Parameter attributes named weight "
+                                               "and bias")
+        expect(mine.untyped_storage().data_ptr() != theirs.untyped_storage().data_ptr(),
+               f"clone the {name}: the layer must own its weights, not a view of the full layer's")
     x = _x(2, 8)
     expect(_close(layer(x), full(x)), "with one process the layer must equal the full nn.Linear")
     _peers(RowParallelLinear, "3")
