@@ -1,0 +1,12 @@
+"""Keeps records that did not record their versions (an older leaderboard file) in the group."""
+EXPECT = "recorded without versions"
+
+
+def fair_ranking(attempts, mine):
+    fields = ("target", "data", "n_test", "hardware")
+    if any(mine.get(k) is None for k in fields) or not (mine.get("versions") or {}).get("torch"):
+        raise ValueError(f"{mine.get('name')!r} lacks target, data, n_test, hardware or versions")
+    same = [a for a in attempts if all(a.get(k) == mine[k] for k in fields)]
+    reached = sorted((a for a in same if a["reached"]), key=lambda a: a["time_to_target_s"])
+    others = sorted((a for a in same if not a["reached"]), key=lambda a: -a["best_accuracy"])
+    return [a["name"] for a in reached + others]
