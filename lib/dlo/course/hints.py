@@ -224,6 +224,16 @@ HINTS: dict[tuple[str, str], Hint] = {
         "optimizer step.",
         "Each micro-batch's mean loss must be weighted by its share of the batch: micro-batches can differ in size.",
         "Tensor.chunk(k), backward() on each weighted loss; return the total loss as a float."),
+    ("optimizers", "finder_restore"): _h(
+        "Save everything the LR finder's sweep changes and put it back exactly afterwards, so that training after "
+        "the finder is the training you would have had without it.",
+        "A sweep moves the weights and BatchNorm statistics, charges the optimizer's momentum / Adam moments and "
+        "step counts, leaves its lr in the param groups, advances a scheduler, switches modes and consumes random "
+        "numbers. state_dict() hands out the live tensors, and load_state_dict keeps the tensors it is given: what "
+        "you save and what you restore must both be copies.",
+        "tensor.clone(), copy.deepcopy(optimizer.state_dict()) and of scheduler.state_dict(), model.load_state_dict, "
+        "optimizer.load_state_dict, module.training over model.modules(), dlo.training.checkpoint.rng_state / "
+        "set_rng_state."),
     ("recipes", "resize"): _h(
         "Give the image resolution to train at for an epoch, from a progressive-resizing schedule.",
         "The schedule is a list of (start epoch, size): the last entry that has started applies.",
@@ -285,6 +295,15 @@ HINTS: dict[tuple[str, str], Hint] = {
         "Find the time at which a run first reached the target accuracy, or None if it never did.",
         "The race is won at the first evaluation that shows the target, not the best one.",
         "A loop over the evaluations in order, returning the first time whose accuracy >= target."),
+    ("race", "fair_ranking"): _h(
+        "Rank an attempt only against the attempts it can fairly be compared with, best first, and refuse when "
+        "its record does not say what it can be compared with.",
+        "A time to target depends on the target, on the data (real or generated), on how many test images decide "
+        "that the target is reached (20 images: 5 points per image, a target crossed by luck) and on the hardware. "
+        "Versions are recorded to explain a gap, not to split a group.",
+        "A list comprehension keeping the attempts equal to mine on target, data, n_test and hardware (and with "
+        "versions); sorted() with a key: reached ones by time_to_target_s, then the rest by -best_accuracy; "
+        "raise ValueError naming the missing fields."),
     ("race", "my_recipe"): _h(
         "Describe your own training recipe for the race, within the allowed settings.",
         "Combine what the course measured: batch size, precision, learning-rate schedule, augmentation.",
