@@ -6,16 +6,18 @@ load sharded checkpoints; the results are compared with the reference in :mod:`d
 from __future__ import annotations
 
 import tempfile
+from unittest import mock
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.framework import CheckFailed, expect, peer_records, register
 from dlo.course.checks.ddp import _explain_ddp_errors, fake_context, one_process_group
 from dlo.parallel import fsdp
 
 SCRIPT = "tp_fsdp/fsdp_train.py"
+WORKER = Path(__file__).with_name("fsdp_worker.py")
 
 
 def _tiny():
@@ -34,9 +36,16 @@ def _check_ddp(wrap_ddp: Callable) -> str:
     wrap_ddp = _explain_ddp_errors(wrap_ddp)
     single = wrap_ddp(_tiny(), fake_context(), torch.device("cpu"))
     expect(not isinstance(single, DDP), "with one process (ctx.is_distributed False) return the model itself")
+    # the device is an argument: "meta" (shapes, no data) shows whether the model was moved there
+    moved = wrap_ddp(_tiny(), fake_context(), torch.device("meta"))
+    where = {p.device.type for p in moved.parameters()}
+    expect(where == {"meta"}, f"move the model to the device it is given (model.to(device)): asked for meta, its "
+                              f"parameters are on {sorted(where)}")
     with one_process_group():
-        wrapped = wrap_ddp(_tiny(), fake_context(0, 2), torch.device("cpu"))
-        expect(isinstance(wrapped, DDP), "with several processes wrap the model in DistributedDataParallel")
+        for rank in (0, 1):
+            wrapped = wrap_ddp(_tiny(), fake_context(rank, 2), torch.device("cpu"))
+            expect(isinstance(wrapped, DDP), f"with several processes (here rank {rank} of 2) wrap the model in "
+                                             "DistributedDataParallel on every rank: test ctx.is_distributed")
         expect(wrapped.device_ids is None, "on the CPU pass device_ids=None")
     return "DDP replicates the whole model: the baseline whose memory the calculator predicts"
 
@@ -248,15 +257,26 @@ def _check_offload(offload_policy: Callable) -> str:
 
     off = offload_policy(torch.device("cpu"), False)
     expect(type(off) is OffloadPolicy, f"not enabled: return OffloadPolicy() (no offload), got {off!r}")
-    on = offload_policy(torch.device("cuda", 0), True)
-    expect(isinstance(on, CPUOffloadPolicy), "enabled on a GPU: return CPUOffloadPolicy(...)")
-    expect(on.pin_memory, "pin_memory=True: page-locked CPU memory copies to and from the GPU faster")
-    try:
-        offload_policy(torch.device("cpu"), True)
-    except ValueError:
-        pass
-    else:
-        raise CheckFailed("offload asked while training on the CPU must raise ValueError (nothing to offload)")
+    # the device argument decides, not the machine: both calls are made as on a machine with GPUs, the GPU one
+    # also as on a machine without any (the checker's own)
+    for gpus in (True, False):
+        with mock.patch("torch.cuda.is_available", return_value=gpus):
+            try:
+                on = offload_policy(torch.device("cuda", 0), True)
+            except ValueError as exc:
+                raise CheckFailed(f"enabled on a GPU (cuda:0) it raised ValueError ({str(exc)[:80]}): decide from the "
+                                  "device argument (device.type == 'cuda'), not from this machine or the device's "
+                                  "index") from None
+        expect(isinstance(on, CPUOffloadPolicy), "enabled on a GPU: return CPUOffloadPolicy(...)")
+        expect(on.pin_memory, "pin_memory=True: page-locked CPU memory copies to and from the GPU faster")
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        try:
+            offload_policy(torch.device("cpu"), True)
+        except ValueError:
+            pass
+        else:
+            raise CheckFailed("offload asked while training on the CPU must raise ValueError (nothing to offload), "
+                              "even on a machine that has GPUs: the device argument decides")
     return "sharded state in CPU memory on GPUs; a clear error where it cannot apply"
 
 
@@ -268,9 +288,35 @@ def _check_compile(compile_layers: Callable) -> str:
     expect(model is not None, "return the model")
     ok = all(isinstance(layer, OptimizedModule) or getattr(layer, "_compiled_call_impl", None) is not None
              for layer in model.model.layers)
-    expect(ok, "compile every decoder layer (layer.compile()), not the whole model")
+    expect(ok, "compile every decoder layer itself (layer.compile()): not a part of it, not the whole model")
     expect(not isinstance(model, OptimizedModule), "compile the layers, not the root (FSDP wraps the root next)")
+    renamed = [k for k in model.state_dict() if "_orig_mod" in k]
+    expect(not renamed, f"the weights were renamed ({renamed[0] if renamed else ''}): torch.compile(layer) put into "
+                        "the list wraps each layer, so checkpoints and from_pretrained no longer find the names; "
+                        "compile in place with layer.compile()")
+    expect(list(model.state_dict()) == list(_tiny().state_dict()), "compiling must keep the model's weight names")
     return "each decoder layer compiled in place; FSDP's per-layer hooks stay outside the graphs"
+
+
+def _dcp_on_two_processes(save_checkpoint: Callable, load_checkpoint: Callable) -> None:
+    """The same save and load on 2 processes (one shard each), by :mod:`dlo.course.checks.fsdp_worker`."""
+    code = getattr(save_checkpoint, "__code__", None)
+    script = Path(code.co_filename) if code else Path("?")
+    expect(script.suffix == ".py" and script.is_file(),
+           "save_checkpoint must be defined in a script file (fsdp_train.py) so that 2 processes can import it")
+    with tempfile.TemporaryDirectory() as tmp:
+        records = peer_records(WORKER, [str(script), tmp], 2)
+    for name in ("save", "load"):
+        calls = [r[f"{name}s"] for r in records]
+        expect(len(set(calls)) == 1,
+               f"on 2 processes dcp.{name} ran on rank(s) {[r for r, n in enumerate(calls) if n]} only: it is "
+               f"collective, every rank must call it (each rank {'writes' if name == 'save' else 'reads'} its own "
+               "shard; called on some ranks only, a real run hangs)")
+    errors = [(r["rank"], r["error"]) for r in records if r["error"]]
+    errors.sort(key=lambda e: "(another rank failed)" in e[1])
+    expect(not errors, f"on 2 processes, rank {errors[0][0]}: {errors[0][1]}" if errors else "")
+    problems = [p for r in records for p in r["problems"]]
+    expect(not problems, f"on 2 processes: {problems[0]}" if problems else "")
 
 
 @register("fsdp", "dcp", ("save_checkpoint", "load_checkpoint"), SCRIPT)
@@ -292,7 +338,9 @@ def _check_dcp(save_checkpoint: Callable, load_checkpoint: Callable) -> str:
         sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
         expect(len(sb) == len(sa) and all(torch.equal(sa[i]["exp_avg"].full_tensor(), sb[i]["exp_avg"].full_tensor())
                                            for i in sa), "the optimizer state (AdamW moments) must be restored too")
-    return "each rank saves and loads its own shards; weights and AdamW state restored bit for bit"
+    _dcp_on_two_processes(save_checkpoint, load_checkpoint)
+    return ("each rank saves and loads its own shards (checked on 2 processes); weights and AdamW state restored "
+            "bit for bit")
 
 
 @register("fsdp", "deepspeed", ("deepspeed_config",), SCRIPT)
