@@ -63,10 +63,10 @@ def sum_hint(y, want):
     return ""
 
 
-def counted(what):
+def counted():
     """The collectives counted since the last reset, in words."""
     rows = comm.COUNTER.summary()
-    return ", ".join(f"{v['calls']} {op} ({phase})" for (op, phase), v in rows.items()) or f"no collective {what}"
+    return ", ".join(f"{v['calls']} {op} ({phase})" for (op, phase), v in rows.items()) or "none"
 
 
 def seeded(*shape, seed=0):
@@ -92,37 +92,37 @@ def check_1(ns, g):
     expect(close(y, sum(x_all)), "reduce_from_region forward must all-reduce (sum) over the TP group"
            + sum_hint(y, sum(x_all)))
     expect(comm.COUNTER.calls("all_reduce", "forward") == 1 and comm.COUNTER.calls() == 1,
-           f"reduce_from_region forward: expected exactly one all_reduce (phase='forward'), counted {counted('')}")
+           f"reduce_from_region forward: expected exactly one all_reduce (phase='forward'), counted {counted()}")
     comm.COUNTER.reset()
     (y * w).sum().backward()
     expect(close(x.grad, w), "reduce_from_region backward must be the identity (each partial's gradient is the "
                              "sum's gradient, unchanged)")
     expect(comm.COUNTER.calls() == 0, f"reduce_from_region backward is the identity: no collective, counted "
-                                      f"{counted('')}")
+                                      f"{counted()}")
     x.grad = None
     comm.COUNTER.reset()
     y = ns["gather_from_region"](x, tpg)
     expect(close(y, torch.cat(x_all, dim=-1)), "gather_from_region forward: all-gather along the last dim, rank order")
     expect(comm.COUNTER.calls("all_gather", "forward") == 1 and comm.COUNTER.calls() == 1,
            f"gather_from_region forward: expected exactly one all_gather (all_gather_last_dim), counted "
-           f"{counted('')}")
+           f"{counted()}")
     comm.COUNTER.reset()
     wg = seeded(2, 3, 4 * TP, seed=30)
     (y * wg).sum().backward()
     expect(close(x.grad, wg[..., r * 4:(r + 1) * 4]), "gather_from_region backward: keep this rank's slice "
            "(every rank already holds the whole gradient: no sum)")
     expect(comm.COUNTER.calls() == 0, f"gather_from_region backward: keep this rank's slice, no collective; counted "
-                                      f"{counted('')}")
+                                      f"{counted()}")
     full = seeded(2, 3, 4 * TP, seed=40).requires_grad_()
     comm.COUNTER.reset()
     y = ns["scatter_to_region"](full, tpg)
     expect(close(y, full.detach()[..., r * 4:(r + 1) * 4]), "scatter_to_region forward: this rank's slice")
     expect(comm.COUNTER.calls() == 0, f"scatter_to_region forward: take this rank's slice, no collective; counted "
-                                      f"{counted('')}")
+                                      f"{counted()}")
     (y * w).sum().backward()
     expect(close(full.grad, torch.cat(w_all, dim=-1)), "scatter_to_region backward: all-gather the gradient")
     expect(comm.COUNTER.calls("all_gather", "backward") == 1 and comm.COUNTER.calls() == 1,
-           f"scatter_to_region backward: expected exactly one all_gather (phase='backward'), counted {counted('')}")
+           f"scatter_to_region backward: expected exactly one all_gather (phase='backward'), counted {counted()}")
 
 
 def _linear_case(ns, g, cls, full, x_full, x_in, kwargs, out_slice):
@@ -157,7 +157,7 @@ def _linear_case(ns, g, cls, full, x_full, x_in, kwargs, out_slice):
     expect(comm.COUNTER.calls() == fwd[0] and comm.COUNTER.calls(fwd[1], "forward") == fwd[0],
            f"{cls}{kwargs or ''} forward: expected "
            + (f"exactly one {fwd[1]}" if fwd[0] else "no collective (f is the identity forward)")
-           + f", counted {counted('')}")
+           + f", counted {counted()}")
     return layer, y, ref
 
 
@@ -220,7 +220,7 @@ def _module_case(ns, g, name, full, x, *extra):
     comm.COUNTER.reset()
     xin = x.clone().requires_grad_()
     y = layer(xin, *extra)
-    fwd_counts = counted("")
+    fwd_counts = counted()
     expect(comm.COUNTER.calls("all_reduce", "forward") == 1 and comm.COUNTER.calls() == 1,
            f"{name}: expected exactly 1 all-reduce in the forward (column-parallel in, row-parallel out: no gather), "
            f"counted {fwd_counts}")
@@ -237,7 +237,7 @@ def _module_case(ns, g, name, full, x, *extra):
            "copy_to_region, applied once to the input, sums the ranks' parts of it)")
     fwd, bwd = comm.COUNTER.calls("all_reduce", "forward"), comm.COUNTER.calls("all_reduce", "backward")
     expect(fwd == 1 and bwd == 1 and comm.COUNTER.calls() == 2,
-           f"{name}: expected exactly 1 all-reduce forward and 1 backward, counted {counted('')} "
+           f"{name}: expected exactly 1 all-reduce forward and 1 backward, counted {counted()} "
            "(apply copy_to_region once, copy_input=False on the column-parallel layers)")
 
 
