@@ -359,7 +359,8 @@ HINTS: dict[tuple[str, str], Hint] = {
     ("pipeline", "afab"): _h(
         "Pipeline the micro-batches GPipe-style: all forwards, then all backwards, in micro-batch order.",
         "While a stage works on one micro-batch, the previous stage already works on the next.",
-        "Two loops over range(pipe.micro_batches), each call with its micro-batch number."),
+        "Two loops over range(pipe.micro_batches), each call with its micro-batch number; in each loop receive, "
+        "compute and send one micro-batch before the next (a transfer waits with the next compute)."),
     ("pipeline", "1f1b"): _h(
         "Schedule the micro-batches 1F1B: a warm-up of forwards, then one forward / one backward, then the "
         "remaining backwards, to bound the activations each stage keeps.",
