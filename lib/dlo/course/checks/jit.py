@@ -46,6 +46,16 @@ def _check_graph_break(clip_by_norm: Callable) -> str:
         x_before = x.clone()
         out = clip_by_norm(x, max_norm)
         expect(torch.equal(x, x_before), "do not modify x in place: return a new tensor")
+        if x.dim() > 1 and isinstance(out, torch.Tensor) and out.shape == x.shape:
+            per_row = x_before * torch.clamp(max_norm / torch.linalg.vector_norm(x_before, dim=-1, keepdim=True), max=1.0)
+            expect(not torch.allclose(out, per_row, rtol=1e-5, atol=1e-6),
+                   f"on {what}: each row is clipped by its own norm: clip by the norm of the whole tensor "
+                   "(torch.linalg.vector_norm(x), no dim)")
+        if isinstance(out, torch.Tensor) and out.shape == x.shape and x.abs().sum() > 0:
+            squared = x_before * torch.clamp(max_norm / x_before.pow(2).sum(), max=1.0)
+            expect(not torch.allclose(out, squared, rtol=1e-5, atol=1e-6) or torch.allclose(out, x_before),
+                   f"on {what}: wrong values -- that divides by the squared norm (sum of squares): the norm is its "
+                   "square root")
         _close(out, _clip_reference(x_before, max_norm), f"on {what}")
     for what, x, max_norm in cases[:2]:
         with captured_warnings():  # Dynamo logs a warning per graph break: the message below says it

@@ -18,13 +18,17 @@ RECIPES_NB = "Jour3/recipes.ipynb"
 @register("recipes", "resize", ("resolution_at",), RECIPES_NB)
 def _check_resize(resolution_at: Callable) -> str:
 
+    # the last one goes down at the end (a schedule may finish at a smaller size): "the largest started" is wrong
     cases = [([(0, 16), (2, 24), (4, 32)], range(8)), ([(0, 32)], range(3)), ([(0, 8), (1, 12), (5, 16)], range(7)),
-             ([(0, 20), (3, 28)], range(5))]
+             ([(0, 20), (3, 28)], range(5)), ([(0, 24), (2, 32), (5, 28)], range(8))]
     for schedule, epochs in cases:
         for epoch in epochs:
             got, want = resolution_at(list(schedule), epoch), reference(schedule, epoch)
+            largest = max(size for start, size in schedule if start <= epoch)
+            why = (" -- that is the largest size started so far: the schedule may go down, take the LAST started pair"
+                   if got == largest != want else "")
             expect(got == want, f"schedule {schedule}, epoch {epoch}: expected {want} (the size of the last "
-                                 f"(start, size) with start <= epoch), got {got!r}")
+                                 f"(start, size) with start <= epoch), got {got!r}{why}")
     return "the size of the last (start, size) pair with start <= epoch, for every epoch"
 
 
