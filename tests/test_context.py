@@ -190,13 +190,34 @@ def test_kv_bytes_per_rank_shrink_with_cp():
 # ----------------------------------------------------------------------------------------------------
 # P2P order under NCCL's rules
 # ----------------------------------------------------------------------------------------------------
+def _replay(ops_per_rank):
+    return replay([[P2POp(*op) for op in ops] for ops in ops_per_rank])
+
+
 @pytest.mark.parametrize("cp", [2, 3, 4, 8])
 def test_ring_order_replays_under_nccl_rules(cp):
-    assert replay(C.ring_p2p_ops(cp)).ok
-    assert replay(C.ring_p2p_ops(cp, backward=True)).ok
-    r = replay(C.ring_p2p_ops(cp, one_at_a_time=True))  # each send alone first: every rank waits on its send
+    assert _replay(C.ring_p2p_ops(cp)).ok
+    assert _replay(C.ring_p2p_ops(cp, backward=True)).ok
+    r = _replay(C.ring_p2p_ops(cp, one_at_a_time=True))  # each send alone first: every rank waits on its send
     assert r.deadlock and set(r.blocked) == set(range(cp))
     assert all(str(ops[0]).startswith("send to rank") for ops in r.blocked.values())
+
+
+def test_ring_ops_name_the_travelling_block():
+    ops = C.ring_p2p_ops(3)
+    assert [str(P2POp(*o)) for o in ops[1]] == ["send to rank 2 (K/V of rank 1)", "recv from rank 0 (K/V of rank 0)",
+                                                "send to rank 2 (K/V of rank 0)", "recv from rank 0 (K/V of rank 2)"]
+    assert [o.batch for o in ops[1]] == [0, 0, 1, 1]
+
+
+def test_context_module_does_not_load_the_pipeline_or_models():
+    """Every ring process imports it: it must stay light (no torchvision, no pipeline, no model code)."""
+    import subprocess
+    import sys
+    code = ("import sys, dlo.parallel.context, dlo.parallel.context_worker; "
+            "print(sorted(m for m in sys.modules if m.startswith(('dlo.parallel.pipeline', 'dlo.models', 'torchvision'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_ring_schedule():

@@ -29,8 +29,9 @@ skipped, no work).
 **Communication.** Each ring step posts its send (to ``rank+1``) and its receive (from ``rank-1``) together,
 with one ``torch.distributed.batch_isend_irecv``, before computing on the current block (the transfer
 overlaps the compute). Posted one at a time, every rank's send would wait for a receive its neighbour has
-not posted yet: under NCCL's rules for large messages the ring deadlocks (:func:`ring_p2p_ops` and
-:mod:`dlo.parallel.p2p_replay` show it on one CPU).
+not posted yet: under NCCL's rules for large messages the ring deadlocks (:func:`ring_p2p_ops`, replayed by
+:mod:`dlo.parallel.p2p_replay`, shows it on one CPU; this module does not import it, which would load the
+pipeline and model code into every ring process).
 
 :func:`ring_attention` is differentiable: its backward runs a second ring in which each K/V block travels
 with the gradients of its keys and values, accumulated by every rank it visits and back home at the end.
@@ -39,12 +40,10 @@ with the gradients of its keys and values, accumulated by every rank it visits a
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
-
-from dlo.parallel.p2p_replay import P2POp
 
 LAYOUTS = ("balanced", "contiguous")
 
@@ -204,23 +203,33 @@ def ring_schedule(cp: int) -> list[list[tuple[str, int]]]:
     return [[("send", +1), ("recv", -1)] if step < cp - 1 else [] for step in range(cp)]
 
 
-def ring_p2p_ops(cp: int, *, one_at_a_time: bool = False, backward: bool = False) -> list[list[P2POp]]:
-    """Each rank's transfers of one ring attention, in posting order, for :func:`dlo.parallel.p2p_replay.replay`.
-    ``tag`` is the rank whose K/V block travels. ``one_at_a_time=True``: each transfer posted alone, the send
+class RingOp(NamedTuple):
+    """One transfer, with the fields of :class:`dlo.parallel.p2p_replay.P2POp` in its order (``P2POp(*op)``)."""
+
+    kind: str
+    peer: int
+    batch: int
+    tag: int
+    what: str
+
+
+def ring_p2p_ops(cp: int, *, one_at_a_time: bool = False, backward: bool = False) -> list[list[RingOp]]:
+    """Each rank's transfers of one ring attention, in posting order: ``[[P2POp(*op) for op in ops] for ops in
+    ring_p2p_ops(cp)]`` is what :func:`dlo.parallel.p2p_replay.replay` takes. ``tag`` is the rank whose K/V
+    block travels. ``one_at_a_time=True``: each transfer posted alone, the send
     first (the order that deadlocks). ``backward=True``: the backward's ring (K/V and their gradients go one
     more step, home)."""
     out = []
     for rank in range(cp):
-        ops: list[P2POp] = []
+        ops: list[RingOp] = []
         batch = 0
         steps = cp if backward else cp - 1
         for step in range(steps):
             owner = (rank - step) % cp  # the block this rank holds at this step, which it passes on
             recv_owner = (rank - 1 - step) % cp
-            pair = [P2POp("send", (rank + 1) % cp, 0, owner, f"K/V of rank {owner}"),
-                    P2POp("recv", (rank - 1) % cp, 0, recv_owner, f"K/V of rank {recv_owner}")]
-            for i, op in enumerate(pair):
-                ops.append(P2POp(op.kind, op.peer, batch + (i if one_at_a_time else 0), op.tag, op.what))
+            pair = [("send", (rank + 1) % cp, owner), ("recv", (rank - 1) % cp, recv_owner)]
+            for i, (kind, peer, tag) in enumerate(pair):
+                ops.append(RingOp(kind, peer, batch + (i if one_at_a_time else 0), tag, f"K/V of rank {tag}"))
             batch += 2 if one_at_a_time else 1
         out.append(ops)
     return out
@@ -421,6 +430,6 @@ def kv_bytes_per_rank(seq_len: int, cp: int, *, batch: int = 1, heads: int = 32,
 
 __all__ = [
     "LAYOUTS", "num_chunks", "rank_chunks", "chunk_len", "shard_positions", "shard", "unshard", "causal_work",
-    "merge_partial", "block_attention", "block_kind", "repeat_kv", "ring_schedule", "ring_p2p_ops",
+    "merge_partial", "block_attention", "block_kind", "repeat_kv", "ring_schedule", "RingOp", "ring_p2p_ops",
     "ring_attention", "simulate_ring", "kv_bytes_per_rank",
 ]

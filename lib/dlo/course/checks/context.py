@@ -60,6 +60,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
 def _call(merge_partial: Callable, args: list[torch.Tensor], where: str):
     try:
         result = merge_partial(*args)
+    except NotImplementedError:
+        raise
     except (RuntimeError, IndexError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CheckFailed(f"{where}: it raised {type(exc).__name__}: {first[:160]} -- lse is [..., seq] and out is "
