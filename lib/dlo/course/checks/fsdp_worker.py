@@ -24,7 +24,7 @@ from dlo.parallel import fsdp
 from dlo.runtime.distributed import init_distributed, teardown
 from dlo.runtime.records import write_record
 
-WAIT_S = 20.0  # how long a rank in dcp.save / dcp.load waits for its peers to get there (or to leave)
+WAIT_S = 60.0  # how long a rank in dcp.save / dcp.load waits for its peers to get there (or to leave)
 
 script, folder = sys.argv[1], Path(sys.argv[2])
 ctx = init_distributed(backend="gloo", device="cpu", timeout_s=120)
