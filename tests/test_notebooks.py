@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -136,13 +135,21 @@ def test_run_rejects_unknown_parameter_and_missing_notebook():
     assert res.returncode == 2 and "no notebook at" in res.stderr
 
 
-def test_run_checks_parameter_types_before_starting_a_kernel():
-    start = time.monotonic()
-    res = _dlo("run", "Jour1/jour1.ipynb", "--profile", "smoke", "-p", "batch_size", "sixteen")
+def test_run_checks_parameter_types_before_starting_a_kernel(tmp_path):
+    # a 'dlo' kernel spec found first on JUPYTER_PATH whose "kernel" only leaves a file behind: had the run
+    # started a kernel before checking its parameters, the file would exist
+    marker, spec = tmp_path / "kernel-started", tmp_path / "jupyter" / "kernels" / "dlo"
+    spec.mkdir(parents=True)
+    spec.joinpath("kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-c", f"import pathlib; pathlib.Path({str(marker)!r}).touch()", "{connection_file}"],
+        "display_name": "recording kernel", "language": "python"}))
+    res = subprocess.run([sys.executable, "-m", "dlo", "run", "Jour1/jour1.ipynb", "--profile", "smoke",
+                          "-p", "batch_size", "sixteen"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JUPYTER_PATH": str(tmp_path / "jupyter")})
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "error: parameter batch_size of jour1.ipynb expects int or None, not 'sixteen' (str)"]
-    assert res.stdout == "" and time.monotonic() - start < 30  # no kernel was started
+    assert res.stdout == "" and not marker.exists()  # no kernel was started
 
 
 @pytest.mark.parametrize("out_dir", ["README.md", "/sys/dlo-test", "not-writable"])
