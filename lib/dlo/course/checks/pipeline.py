@@ -194,7 +194,7 @@ def _actions(pipe: RecordingPipe) -> list[tuple[str, int]]:
 
 @register("pipeline", "naive", ("naive_step",), SCRIPT)
 def _check_naive(naive_step: Callable) -> str:
-    for world in (2, 4):
+    for world in (2, 3, 4):
         for pipe in _orders(naive_step, world, 1):
             expect(_actions(pipe) == [("F", 0), ("B", 0)],
                     f"rank {pipe.rank}: expected forward then backward of the one batch, got {_actions(pipe)}")
@@ -205,7 +205,7 @@ def _check_naive(naive_step: Callable) -> str:
 
 @register("pipeline", "afab", ("afab_step",), SCRIPT)
 def _check_afab(afab_step: Callable) -> str:
-    for world, m in ((2, 4), (4, 8)):
+    for world, m in ((2, 4), (3, 5), (4, 8)):
         want = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
         for pipe in _orders(afab_step, world, m):
             expect(_actions(pipe) == want, f"rank {pipe.rank} of {world}, m={m}: expected all forwards 0..{m - 1}, then "
@@ -219,7 +219,7 @@ def _check_afab(afab_step: Callable) -> str:
 @register("pipeline", "1f1b", ("one_f_one_b_step",), SCRIPT)
 def _check_1f1b(one_f_one_b_step: Callable) -> str:
 
-    for world, m in ((2, 4), (4, 8), (4, 2)):
+    for world, m in ((2, 4), (3, 5), (4, 8), (4, 2)):
         for pipe in _orders(one_f_one_b_step, world, m):
             want = one_f_one_b_actions(pipe.rank, world, m)
             got = _actions(pipe)
@@ -239,7 +239,7 @@ def _check_1f1b(one_f_one_b_step: Callable) -> str:
 @register("pipeline", "interleaved", ("interleaved_step",), SCRIPT)
 def _check_interleaved(interleaved_step: Callable) -> str:
 
-    for world, m, v in ((2, 4, 2), (4, 8, 2), (2, 2, 3)):
+    for world, m, v in ((2, 4, 2), (3, 6, 2), (4, 8, 2), (2, 2, 3)):
         for pipe in _orders(interleaved_step, world, m, v):
             want = interleaved_actions(pipe.rank, world, m, v)
             expect(pipe.actions == want, f"rank {pipe.rank} of {world}, m={m}, v={v}: expected the order "
