@@ -1,7 +1,15 @@
 """Checkers of tp_fsdp/fsdp_train.py (``dlo check fsdp <step>``): the script's functions on a small Llama.
 
-All run in this process: a one-process gloo group is enough to build FSDP2 units (``fully_shard``), save and
-load sharded checkpoints; the results are compared with the reference in :mod:`dlo.parallel.fsdp`.
+They run in this process: a one-process gloo group is enough to build FSDP2 units (``fully_shard``), save and
+load sharded checkpoints; the results are compared with the reference in :mod:`dlo.parallel.fsdp`. The
+checkpoint step is also run on 2 processes (:mod:`dlo.course.checks.fsdp_worker`): ``dcp.save`` and ``dcp.load``
+are collective, and each rank must write and read its own shard.
+
+What FSDP2 did is observed through its public surface only: a unit is an ``FSDPModule``, and it gathers its
+parameters that are not inside a nested unit; a parameter at rest is a ``DTensor`` sharded on dim 0, and the
+unit's registered parameters are plain (gathered) tensors only while it runs, or after its forward when it does
+not reshard; the weight dtype a layer computes with is seen by a forward pre-hook; whether every unit got the
+offload policy is seen by a policy that counts how often FSDP2 reads it.
 """
 from __future__ import annotations
 
