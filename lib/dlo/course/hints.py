@@ -436,6 +436,16 @@ HINTS: dict[tuple[str, str], Hint] = {
         "few hundred overflow float32.",
         "torch.logaddexp for the merged lse, torch.exp(lse_part - lse) for the weights, unsqueeze(-1) so that a "
         "[..., seq] weight multiplies a [..., seq, head_dim] output."),
+    # ---------------------------------------------------------------- mixture of experts
+    ("experts", "balance"): _h(
+        "Compute the load-balancing loss of a mixture of experts, E times the sum over the experts of the fraction "
+        "of routing decisions sent to each expert times its mean router probability, so that the router learns to "
+        "spread the tokens.",
+        "f_e counts decisions (every one of the k choices of every token, out of n · k) and carries no gradient; "
+        "P_e is the router's mean probability for e over the tokens and carries the gradient. Uniform routing gives "
+        "1, every token on one expert gives E.",
+        "torch.bincount(expert_index.flatten(), minlength=num_experts) (or one_hot(...).sum), divided by "
+        "expert_index.numel(); router_probs.mean(dim=0); (f * P).sum() times num_experts."),
 }
 
 # Classes a step's functions rely on, whose methods hold solution regions of that step.

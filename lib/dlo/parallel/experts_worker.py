@@ -75,8 +75,8 @@ def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int
     return {"case": "compare", "experts": experts, "top_k": top_k, "capacity_factor": capacity_factor,
             "ep": ep, "replica": replica, "group_rank": rank, "dtype": str(dtype).replace("torch.", ""),
             "hidden": hidden, "local_tokens": (hi - lo) * seq, "local_experts": list(local),
-            "out": _err(out, ref_out[lo:hi]), "aux": abs(float(mine.aux_loss) - float(ref.aux_loss)),
-            "aux_loss": float(ref.aux_loss), "dx": _err(my_x.grad, ref_x.grad[lo:hi]),
+            "out": _err(out, ref_out[lo:hi]), "aux": abs(float(mine.aux_loss.detach()) - float(ref.aux_loss.detach())),
+            "aux_loss": float(ref.aux_loss.detach()), "dx": _err(my_x.grad, ref_x.grad[lo:hi]),
             "drouter": _err(router_grad, ref.router.weight.grad), "dexperts": expert_err,
             "same_stats": same_stats, "stats": mine.stats, "ref_stats": ref.stats, "comm": dict(mine.comm),
             "calls": list(CALLS)}
@@ -103,7 +103,7 @@ def llama_case(group, ep: int, rank: int, replica: int, seed: int) -> dict:
     dist.all_reduce(grad, group=group)  # replicated weights: gradients summed over the group
     return {"case": "llama", "ep": ep, "replica": replica, "group_rank": rank,
             "logits": _err(logits, ref_logits[lo:hi]),
-            "aux": abs(float(moe_aux_loss(mine)) - float(moe_aux_loss(ref))),
+            "aux": abs(float(moe_aux_loss(mine).detach()) - float(moe_aux_loss(ref).detach())),
             "dembed": _err(grad, ref.embed_tokens.weight.grad)}
 
 

@@ -1,0 +1,149 @@
+"""Checkers of tp_fsdp/experts.ipynb (course ``experts``): the load-balancing loss of a mixture of experts.
+
+``load_balancing_loss(router_probs, expert_index, num_experts)`` gets the router's softmax ``[n, E]`` and the
+experts chosen ``[n, k]`` and must return Switch Transformer's ``E · Σ_e f_e · P_e``, with ``f_e`` the fraction
+of the ``n · k`` routing decisions (all ``k`` choices of every token) that chose ``e`` and ``P_e`` the mean
+probability of ``e`` over the tokens. The inputs are chosen so that each common mistake changes the value: top-2
+and top-3 (the first choice alone, or counts divided by ``n`` only, differ), numbers of tokens that are not
+multiples of ``E`` and ``E`` not a power of two (3, 5, 6, 7), a case with as many tokens as experts (a mean over
+the wrong axis then broadcasts silently), an expert that no decision chose (``bincount`` without ``minlength``
+is one short), decisions that are not the top-k of the probabilities (as after noisy routing: recomputing them
+from the probabilities is wrong), a collapsed routing (the loss must be ``E``), and the gradient with respect to
+the probabilities (``E · f_e / n``: the loss must stay differentiable).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from dlo.course.checks.framework import CheckFailed, expect, register
+
+EXPERTS_NB = "tp_fsdp/experts.ipynb"
+
+
+def _reference(probs: torch.Tensor, index: torch.Tensor, e: int) -> torch.Tensor:
+    counts = torch.zeros(e, dtype=torch.float64)
+    counts.index_add_(0, index.reshape(-1), torch.ones(index.numel(), dtype=torch.float64))
+    return e * (counts / index.numel() * probs.double().mean(0)).sum()
+
+
+def _case(g: torch.Generator, n: int, e: int, k: int, dtype: torch.dtype, *, unused_last: bool = False,
+          noisy: bool = False, collapsed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(n, e, generator=g, dtype=torch.float64) * 1.5
+    logits[:, 0] += 0.8  # a favourite expert: the routing is uneven, f and P far from uniform
+    if unused_last:
+        logits[:, -1] -= 30.0
+    if collapsed:
+        logits = torch.full((n, e), -60.0, dtype=torch.float64)
+        logits[:, 0] = 0.0
+    probs = torch.softmax(logits, -1)
+    index = probs.topk(k, -1).indices
+    if noisy:  # the decisions come from noisy logits (as in noisy top-k routing): not the top-k of probs
+        index = (logits + 3 * torch.randn(n, e, generator=g, dtype=torch.float64)).topk(k, -1).indices
+    return probs.to(dtype), index
+
+
+def _candidates(probs: torch.Tensor, index: torch.Tensor, e: int) -> list[tuple[torch.Tensor, str]]:
+    p = probs.double()
+    n, k = index.shape
+    counts = torch.zeros(e, dtype=torch.float64).index_add_(0, index.reshape(-1), torch.ones(n * k, dtype=torch.float64))
+    first = torch.zeros(e, dtype=torch.float64).index_add_(0, index[:, 0], torch.ones(n, dtype=torch.float64))
+    want = e * (counts / (n * k) * p.mean(0)).sum()
+    out = [
+        (want / e, "the factor E (num_experts) is missing: the loss is E · Σ f_e · P_e, 1 when the routing is uniform"),
+        (e * (first / n * p.mean(0)).sum(),
+         "f counts only the first choice (expert_index[:, 0]): count all k choices of every token, over n · k decisions"),
+        (e * (p.mean(0) ** 2).sum(),
+         "f is computed from the router probabilities: f_e is the fraction of the routing decisions (expert_index) "
+         "that chose e, P_e the mean probability"),
+        (e * (counts * p.mean(0)).sum(),
+         "f holds raw counts: divide the number of decisions that chose e by the number of decisions, n · k"),
+        (e * (counts / (n * k) * p.sum(0)).sum(),
+         "P is a sum over the tokens: P_e is the mean probability of e over the tokens (mean over dim 0)"),
+    ]
+    if k > 1:
+        out.append((want * k, "f is divided by the number of tokens n: divide by the number of decisions n · k, "
+                              "so that the fractions sum to 1"))
+    if n == e:
+        out.append((e * (counts / (n * k) * p.mean(1)).sum(),
+                    "P is a mean over the wrong axis (the experts, dim 1): P_e is the mean over the tokens, dim 0"))
+        out.append((e * ((counts / (n * k)).unsqueeze(0) * p).mean(1).sum(),
+                    "the product f_e · P_e is averaged over the wrong axis: average the probabilities over the "
+                    "tokens (dim 0) first"))
+    top = probs.double().topk(k, -1).indices
+    if not torch.equal(top.sort(-1).values, index.sort(-1).values):
+        tc = torch.zeros(e, dtype=torch.float64).index_add_(0, top.reshape(-1), torch.ones(n * k, dtype=torch.float64))
+        out.append((e * (tc / (n * k) * p.mean(0)).sum(),
+                    "the routing decisions are recomputed from router_probs (top-k): use expert_index, the decisions "
+                    "the router really took (noisy routing, capacity ... make them differ)"))
+    return out
+
+
+def _call(fn: Callable, probs: torch.Tensor, index: torch.Tensor, e: int, where: str) -> torch.Tensor:
+    try:
+        loss = fn(probs, index, e)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, IndexError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        used = sorted(set(index.reshape(-1).tolist()))
+        if len(used) < e and "size" in first:
+            raise CheckFailed(f"{where}: it raised {type(exc).__name__} ({first[:120]}) when expert {e - 1} got no "
+                              "decision: count with torch.bincount(..., minlength=num_experts) so that every expert "
+                              "has a count, 0 included") from None
+        if "must match the size" in first:
+            raise CheckFailed(f"{where}: it raised {type(exc).__name__} ({first[:120]}): f and P must both be [E] "
+                              "vectors; P_e is the mean over the tokens (router_probs.mean(dim=0)), not over the "
+                              "wrong axis") from None
+        raise CheckFailed(f"{where}: it raised {type(exc).__name__}: {first[:160]}") from None
+    expect(isinstance(loss, torch.Tensor), f"{where}: return a tensor (a 0-dim loss), got {type(loss).__name__}")
+    expect(loss.numel() == 1, f"{where}: return one number (a 0-dim tensor), got shape {tuple(loss.shape)}: sum "
+                              "f_e · P_e over the experts")
+    return loss
+
+
+@register("experts", "balance", ("load_balancing_loss",), EXPERTS_NB)
+def _check_balance(load_balancing_loss: Callable) -> str:
+    g = torch.Generator().manual_seed(0)
+    cases = [  # (where, n tokens, E experts, k, dtype, options)
+        ("top-2, 6 tokens, 6 experts, float64", 6, 6, 2, torch.float64, {}),
+        ("top-2, 13 tokens, 5 experts, float64", 13, 5, 2, torch.float64, {}),
+        ("top-1, 7 tokens, 3 experts, float32", 7, 3, 1, torch.float32, {}),
+        ("top-3, 11 tokens, 7 experts, the last one never chosen, float32", 11, 7, 3, torch.float32,
+         {"unused_last": True}),
+        ("top-2, 9 tokens, 3 experts, decisions from noisy routing, float64", 9, 3, 2, torch.float64, {"noisy": True}),
+        ("top-1, every token on expert 0 with probability 1, 10 tokens, 5 experts", 10, 5, 1, torch.float64,
+         {"collapsed": True}),
+    ]
+    for where, n, e, k, dtype, opts in cases:
+        probs, index = _case(g, n, e, k, dtype, **opts)
+        leaf = probs.clone().requires_grad_()
+        copy_index = index.clone()
+        loss = _call(load_balancing_loss, leaf, copy_index, e, where)
+        expect(torch.equal(copy_index, index), f"{where}: do not modify expert_index in place")
+        want = _reference(probs, index, e)
+        tol = 1e-12 if dtype == torch.float64 else 2e-6
+        got = float(loss.detach().double().reshape(()))
+        if opts.get("collapsed"):
+            expect(abs(got - e) <= 1e-6, f"{where}: the loss is {got:.4g}, it must be E = {e} when every token goes "
+                                         f"to one expert with probability 1 (f_0 = P_0 = 1)")
+        if abs(got - float(want)) > tol * (1 + abs(float(want))):
+            for wrong, why in _candidates(probs, index, e):
+                if abs(got - float(wrong)) <= tol * (1 + abs(float(wrong))):
+                    raise CheckFailed(f"{where}: {why}")
+            raise CheckFailed(f"{where}: the loss is {got:.6g}, expected {float(want):.6g} = E · Σ_e f_e · P_e with "
+                              "f_e the fraction of the n · k decisions that chose e and P_e the mean probability of e")
+        expect(loss.dtype == dtype, f"{where}: keep router_probs' dtype {dtype}, got {loss.dtype}")
+        expect(loss.requires_grad and loss.grad_fn is not None,
+               f"{where}: the loss does not depend on router_probs any more (detached, .item() or a new tensor): the "
+               "router learns to balance through the gradient of P_e")
+        loss.reshape(()).backward()
+        counts = torch.zeros(e, dtype=torch.float64).index_add_(0, index.reshape(-1),
+                                                                  torch.ones(index.numel(), dtype=torch.float64))
+        grad_want = (e * counts / index.numel() / n).expand(n, e)
+        expect(leaf.grad is not None and bool(torch.allclose(leaf.grad.double(), grad_want, rtol=1e-5, atol=1e-9)),
+               f"{where}: the gradient with respect to router_probs must be E · f_e / n for every token: f must be "
+               "counted from the decisions (no gradient), P_e the mean of router_probs over the tokens")
+    return ("E · Σ f_e · P_e with f over the n · k decisions of all k choices and P the mean probability: right for "
+            "top-1, 2 and 3, E = 3 to 7, an unused expert, noisy decisions, a collapsed routing (= E), and its gradient")
