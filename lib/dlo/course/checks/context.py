@@ -89,6 +89,9 @@ def _diagnose(where: str, args, out, lse, want_out, want_lse, tol: float) -> Non
         if _close(lse, torch.maximum(lse_a, lse_b), tol):
             raise CheckFailed(f"{where}: the merged lse is the max of lse_a and lse_b; it must be the log-sum-exp "
                               "log(exp(lse_a) + exp(lse_b)): both parts add to the softmax's denominator")
+        if _close(lse, want_lse - torch.maximum(lse_a, lse_b), tol):
+            raise CheckFailed(f"{where}: the merged lse lacks the max you subtracted: lse = m + log(exp(lse_a - m) + "
+                              "exp(lse_b - m)), with m added back")
         if _close(out, want_out, tol):
             raise CheckFailed(f"{where}: out is right but the returned lse is not log(exp(lse_a) + exp(lse_b)): the "
                               "next merge (the ring's next block) needs the lse of the union")
