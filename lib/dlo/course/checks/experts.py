@@ -62,6 +62,10 @@ def _candidates(probs: torch.Tensor, index: torch.Tensor, e: int) -> list[tuple[
         (e * (counts / (n * k) * p.sum(0)).sum(),
          "P is a sum over the tokens: P_e is the mean probability of e over the tokens (mean over dim 0)"),
     ]
+    chosen = torch.zeros(n, e, dtype=torch.float64).scatter_(1, index, 1.0)
+    out.append((e * (counts / (n * k) * (p * chosen).mean(0)).sum(),
+                "P keeps only the probabilities of the chosen experts: P_e is the mean of router_probs[:, e] over "
+                "every token, chosen or not (the softmax before the top-k)"))
     if k > 1:
         out.append((want * k, "f is divided by the number of tokens n: divide by the number of decisions n · k, "
                               "so that the fractions sum to 1"))
