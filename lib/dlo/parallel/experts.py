@@ -278,7 +278,8 @@ class ExpertParallelMoE(nn.Module):
         out_splits = recv_counts.sum(1).tolist()
         # 2. dispatch: received rows come by source rank, each source's rows sorted by local expert
         received = _AllToAll.apply(x[token], out_splits, in_splits, self.group, self.comm, "tokens")
-        local_expert = torch.repeat_interleave(torch.arange(per).repeat(self.ep), recv_counts.reshape(-1))
+        local_expert = torch.repeat_interleave(torch.arange(per, device=x.device).repeat(self.ep),
+                                               recv_counts.reshape(-1))
         # 3. every local expert on its rows (even none), written back in the received layout
         y = torch.zeros_like(received)
         for j, mlp in enumerate(self.experts):
@@ -293,7 +294,7 @@ class ExpertParallelMoE(nn.Module):
         counts = torch.bincount(index.reshape(-1), minlength=e_all)
         local = torch.cat([counts.double(), kept.double(), probs_sum.detach().double(),
                            torch.tensor([float((~keep).sum()), float((~keep).all(-1).sum()), float(n)],
-                                        dtype=torch.float64)])
+                                        dtype=torch.float64, device=x.device)])
         total = local.clone()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(total, group=self.group)
