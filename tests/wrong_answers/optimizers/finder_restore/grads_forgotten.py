@@ -1,7 +1,6 @@
 """Gradients not restored: the last step of the sweep leaves its own in .grad."""
 import copy
 
-import torch
 from dlo.training.checkpoint import rng_state, set_rng_state
 
 
@@ -12,16 +11,16 @@ def save_training_state(model, optimizer, scheduler):
     return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
             "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "scheduler": None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             "modes": [m.training for m in model.modules()],
             "rng": rng_state()}
 
 
 def restore_training_state(model, optimizer, scheduler, saved):
     model.load_state_dict(saved["model"])
-
     optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    if scheduler is not None:
+        scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     for m, mode in zip(model.modules(), saved["modes"]):
         m.training = mode
     set_rng_state(saved["rng"])

@@ -1,7 +1,6 @@
 """Does not put back the train/eval modes: the sweep's model.train() unfreezes a BatchNorm that was in eval mode."""
 import copy
 
-import torch
 from dlo.training.checkpoint import rng_state, set_rng_state
 
 
@@ -12,7 +11,7 @@ def save_training_state(model, optimizer, scheduler):
     return {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
             "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "scheduler": None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             "modes": [m.training for m in model.modules()],
             "rng": rng_state()}
 
@@ -22,6 +21,6 @@ def restore_training_state(model, optimizer, scheduler, saved):
     for p, g in zip(model.parameters(), saved["grads"]):
         p.grad = None if g is None else g.clone()
     optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
-
+    if scheduler is not None:
+        scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     set_rng_state(saved["rng"])

@@ -12,7 +12,7 @@ def save_training_state(model, optimizer, scheduler):
     return {"model": {k: v.detach().clone() for k, v in model.named_parameters()},
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
             "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "scheduler": None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             "modes": [m.training for m in model.modules()],
             "rng": rng_state()}
 
@@ -24,7 +24,8 @@ def restore_training_state(model, optimizer, scheduler, saved):
     for p, g in zip(model.parameters(), saved["grads"]):
         p.grad = None if g is None else g.clone()
     optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    if scheduler is not None:
+        scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     for m, mode in zip(model.modules(), saved["modes"]):
         m.training = mode
     set_rng_state(saved["rng"])

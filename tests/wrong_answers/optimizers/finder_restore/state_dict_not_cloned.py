@@ -1,7 +1,6 @@
 """Saves model.state_dict() as it is: its tensors are the live parameters, so the 'saved' weights follow the sweep."""
 import copy
 
-import torch
 from dlo.training.checkpoint import rng_state, set_rng_state
 
 
@@ -12,7 +11,7 @@ def save_training_state(model, optimizer, scheduler):
     return {"model": model.state_dict(),
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()],
             "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "scheduler": copy.deepcopy(scheduler.state_dict()),
+            "scheduler": None if scheduler is None else copy.deepcopy(scheduler.state_dict()),
             "modes": [m.training for m in model.modules()],
             "rng": rng_state()}
 
@@ -22,7 +21,8 @@ def restore_training_state(model, optimizer, scheduler, saved):
     for p, g in zip(model.parameters(), saved["grads"]):
         p.grad = None if g is None else g.clone()
     optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
-    scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    if scheduler is not None:
+        scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
     for m, mode in zip(model.modules(), saved["modes"]):
         m.training = mode
     set_rng_state(saved["rng"])
