@@ -32,6 +32,27 @@ def test_corpus_is_not_empty_and_names_real_steps():
         assert course in checks.REGISTRY and step in checks.REGISTRY[course], f"{_id(path)}: no such step"
 
 
+#: Steps whose answer is one library call in one process (an API to find, no formula, no collective): two
+#: misconceptions are enough there. Every other step -- a number or tensor to compute, or code that runs on
+#: several processes -- needs at least four, so that its checker is tried against more than the obvious slip.
+API_STEPS = {"jour1/device", "jour1/cudnn", "jour1/compile", "jour1/channels_last", "jit/graph_break",
+             "jit/compiled_step", "hpo/search_space", "hpo/report_prune", "recipes/resize", "transfer/head"}
+
+
+def test_every_step_has_enough_wrong_answers():
+    counts: dict[str, int] = {}
+    for path in FILES:
+        step = _id(path).rsplit("/", 1)[0]
+        counts[step] = counts.get(step, 0) + 1
+    short = []
+    for course, steps in checks.REGISTRY.items():
+        for step in steps:
+            name, need = f"{course}/{step}", 2 if f"{course}/{step}" in API_STEPS else 4
+            if counts.get(name, 0) < need:
+                short.append(f"{name} ({counts.get(name, 0)} of {need})")
+    assert not short, "steps with too few wrong answers in tests/wrong_answers: " + ", ".join(short)
+
+
 @pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
 def test_wrong_answer_is_rejected_with_a_reason(path: Path, record_property):
     course, step = path.parent.parent.name, path.parent.name
