@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dlo.parallel.experts import ExpertParallelMoE, MoEFeedForward, experts_of, group_sizes, moe_aux_loss, moe_llama
-from dlo.runtime import init_distributed, teardown, write_record
+from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 PHASE = ["forward"]
@@ -47,11 +47,12 @@ def _parse(config: str) -> tuple[int, int, float | None]:
 
 
 def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int, capacity_factor: float | None,
-            hidden: int, inter: int, batch: int, seq: int, dtype: torch.dtype, seed: int) -> dict:
-    ref = MoEFeedForward(hidden, inter, experts, top_k, capacity_factor=capacity_factor, seed=seed).to(dtype)
-    g = torch.Generator().manual_seed(seed * 7 + replica)
-    x = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype) * 4
-    w = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype)
+            hidden: int, inter: int, batch: int, seq: int, dtype: torch.dtype, seed: int,
+            device: torch.device = torch.device("cpu")) -> dict:
+    ref = MoEFeedForward(hidden, inter, experts, top_k, capacity_factor=capacity_factor, seed=seed).to(device, dtype)
+    g = torch.Generator().manual_seed(seed * 7 + replica)  # drawn on the CPU: the same numbers on any device
+    x = (torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype) * 4).to(device)
+    w = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(device, dtype)
     mine = ExpertParallelMoE(ref, group)
     ref_x = x.clone().requires_grad_()
     ref_out = ref(ref_x, groups=ep)
@@ -82,7 +83,7 @@ def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int
             "calls": list(CALLS)}
 
 
-def llama_case(group, ep: int, rank: int, replica: int, seed: int) -> dict:
+def llama_case(group, ep: int, rank: int, replica: int, seed: int, device: torch.device = torch.device("cpu")) -> dict:
     """A 2-layer Llama with a MoE in each block, expert-parallel over the group, against one process."""
     from dlo.models.config import TINY_LLAMA
     from dlo.models.llama import Llama, lm_loss, token_batch
@@ -91,9 +92,11 @@ def llama_case(group, ep: int, rank: int, replica: int, seed: int) -> dict:
                              vocab_size=64, head_dim=None)
     batch = 2 * ep
     tokens, labels = token_batch(batch, 8, cfg.vocab_size, seed=seed + replica)
-    ref = moe_llama(Llama(cfg, seed=seed), 4 if 4 % ep == 0 else 2 * ep, 2, capacity_factor=1.0, groups=ep, seed=seed)
+    tokens, labels = tokens.to(device), labels.to(device)
+    ref = moe_llama(Llama(cfg, seed=seed), 4 if 4 % ep == 0 else 2 * ep, 2, capacity_factor=1.0, groups=ep,
+                    seed=seed).to(device)
     mine = moe_llama(Llama(cfg, seed=seed), 4 if 4 % ep == 0 else 2 * ep, 2, capacity_factor=1.0, seed=seed,
-                     ep_group=group, expert_parallel=True)
+                     ep_group=group, expert_parallel=True).to(device)
     ref_logits = ref(tokens)
     (lm_loss(ref_logits, labels) * batch + 0.01 * moe_aux_loss(ref)).backward()
     lo, hi = rank * 2, rank * 2 + 2
@@ -120,7 +123,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dist.all_to_all_single = _logging_all_to_all_single(dist.all_to_all_single)
-    init_distributed(backend="gloo", device="cpu", timeout_s=120)
+    # one GPU per process with NCCL on a GPU node, gloo on CPU processes elsewhere
+    init_distributed(timeout_s=120)
+    device = pick_device()
     try:
         world, me = dist.get_world_size(), dist.get_rank()
         ep = args.ep or world
@@ -134,9 +139,9 @@ def main(argv: list[str] | None = None) -> None:
             for dtype in args.dtypes.split(","):
                 write_record(compare(group, ep, rank, replica, experts=experts, top_k=top_k, capacity_factor=cf,
                                      hidden=args.hidden, inter=args.inter, batch=args.batch_per_rank * ep,
-                                     seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k))
+                                     seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k, device=device))
         if args.llama:
-            write_record(llama_case(group, ep, rank, replica, seed=3))
+            write_record(llama_case(group, ep, rank, replica, seed=3, device=device))
         dist.barrier()
     finally:
         teardown()
