@@ -17,18 +17,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from dlo.parallel.context import repeat_kv, ring_attention, shard
-from dlo.runtime import init_distributed, teardown, write_record
+from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def inputs(batch: int, heads: int, kv_heads: int, seq: int, dim: int, dtype: torch.dtype, seed: int):
+def inputs(batch: int, heads: int, kv_heads: int, seq: int, dim: int, dtype: torch.dtype, seed: int,
+           device: torch.device | str = "cpu"):
+    """Q, K, V and the loss weights, drawn on the CPU (the same numbers on every device), then moved."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, seq, dim, generator=g, dtype=torch.float64).to(dtype)
     k = torch.randn(batch, kv_heads, seq, dim, generator=g, dtype=torch.float64).to(dtype)
     v = torch.randn(batch, kv_heads, seq, dim, generator=g, dtype=torch.float64).to(dtype)
     w = torch.randn(batch, heads, seq, dim, generator=g, dtype=torch.float64).to(dtype)  # loss = (out * w).sum()
-    return q, k, v, w
+    return tuple(t.to(device) for t in (q, k, v, w))
 
 
 POSTED: list[list[tuple[str, int]]] = []  # every batch this rank posted: [(isend | irecv, peer), ...]
@@ -42,8 +44,8 @@ def _logging_batch_isend_irecv(real):
 
 
 def compare(cp: int, rank: int, *, batch: int, heads: int, kv_heads: int, seq: int, dim: int, causal: bool,
-            layout: str, dtype: torch.dtype, seed: int) -> dict:
-    q, k, v, w = inputs(batch, heads, kv_heads, seq, dim, dtype, seed)
+            layout: str, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> dict:
+    q, k, v, w = inputs(batch, heads, kv_heads, seq, dim, dtype, seed, device)
     ref_q, ref_k, ref_v = (t.clone().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(ref_q, repeat_kv(ref_k, heads), repeat_kv(ref_v, heads), is_causal=causal)
     (ref * w).sum().backward()
@@ -66,7 +68,7 @@ def compare(cp: int, rank: int, *, batch: int, heads: int, kv_heads: int, seq: i
             "posted": {"forward": forward_posted, "backward": backward_posted}}
 
 
-def torch_context_parallel(cp: int, rank: int, seq: int) -> dict:
+def torch_context_parallel(cp: int, rank: int, seq: int, device: torch.device | str = "cpu") -> dict:
     """PyTorch's context_parallel on this backend and device, if it runs: its max difference with SDPA."""
     rec: dict = {"case": "torch_cp", "available": False, "runs": False, "error": ""}
     try:
@@ -77,8 +79,8 @@ def torch_context_parallel(cp: int, rank: int, seq: int) -> dict:
         rec["error"] = f"{type(exc).__name__}: {exc}"
         return rec
     try:
-        mesh = init_device_mesh("cpu", (cp,))
-        q, k, v, _ = inputs(1, 4, 4, seq, 16, torch.float32, 0)
+        mesh = init_device_mesh(torch.device(device).type, (cp,))
+        q, k, v, _ = inputs(1, 4, 4, seq, 16, torch.float32, 0, device)
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         cq, ck, cv = q.clone(), k.clone(), v.clone()
         with context_parallel(mesh, buffers=[cq, ck, cv], buffer_seq_dims=[2, 2, 2]):
@@ -104,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     dist.batch_isend_irecv = _logging_batch_isend_irecv(dist.batch_isend_irecv)  # what is posted together
-    init_distributed(backend="gloo", device="cpu", timeout_s=120)
+    # one GPU per process with NCCL on a GPU node (the semantics the ring is written for), gloo on CPUs elsewhere
+    init_distributed(timeout_s=120)
+    device = pick_device()
     try:
         cp, rank = dist.get_world_size(), dist.get_rank()
         for layout in args.layouts.split(","):
@@ -114,9 +118,9 @@ def main(argv: list[str] | None = None) -> None:
                     for dtype in args.dtypes.split(","):
                         write_record(compare(cp, rank, batch=args.batch, heads=heads, kv_heads=kv_heads,
                                              seq=args.seq, dim=args.dim, causal=causal, layout=layout,
-                                             dtype=DTYPES[dtype], seed=len(pair) + args.seq))
+                                             dtype=DTYPES[dtype], seed=len(pair) + args.seq, device=device))
         if args.torch_cp:
-            write_record(torch_context_parallel(cp, rank, args.seq))
+            write_record(torch_context_parallel(cp, rank, args.seq, device))
         dist.barrier()
     finally:
         teardown()
