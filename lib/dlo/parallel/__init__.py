@@ -6,7 +6,12 @@
   replays their transfers under NCCL's matching rules.
 - ``dp_events``: a rank's timeline of compute spans and all-reduces (launch to completion), for the Gantt charts of
   data parallelism written by hand (Jour2/dp_scratch).
-- ``fsdp``: FSDP2 (per-layer ``fully_shard``, mixed precision, activation checkpointing) and DeepSpeed ZeRO.
+- ``fsdp``: FSDP2 (per-layer ``fully_shard``, mixed precision, activation checkpointing, prefetch modes) and
+  DeepSpeed ZeRO.
+- ``context``: context parallelism -- load-balanced causal sharding of the sequence, the online-softmax merge,
+  ring attention forward and backward (its ``context_worker`` compares it with SDPA on several processes).
+- ``experts``: a top-k mixture of experts with capacity and load-balancing loss, and its expert-parallel version
+  (``all_to_all`` dispatch and combine; ``experts_worker`` compares it with one process).
 
 Each is the reference the workshop's exercises are checked against, itself tested against a single
 process and against PyTorch's own implementation.
