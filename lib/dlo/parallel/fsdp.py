@@ -376,16 +376,16 @@ class CollectiveCounter:
 
 
 def train_step(model: nn.Module, optimizer, ids: torch.Tensor, labels: torch.Tensor, *, engine=None,
-               autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One optimizer step (forward, loss, backward, step) as :func:`train_steps` runs it; returns the loss.
-    ``autocast_dtype``: run forward under ``torch.autocast`` in that dtype (the compute-only baseline of a
-    bf16 FSDP run, whose gathered weights are bf16)."""
+               autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0) -> torch.Tensor:
+    """One optimizer step (forward, loss, backward, step), the one :func:`train_steps` runs; returns the loss
+    (times ``loss_scale``). ``autocast_dtype``: run forward under ``torch.autocast`` in that dtype (the
+    compute-only baseline of a bf16 FSDP run, whose gathered weights are bf16)."""
     if autocast_dtype is not None:
         with torch.autocast(ids.device.type, dtype=autocast_dtype):
             logits = (engine or model)(input_ids=ids).logits
     else:
         logits = (engine or model)(input_ids=ids).logits
-    loss = lm_loss(logits, labels)
+    loss = lm_loss(logits, labels) * loss_scale
     if engine is not None:
         engine.backward(loss)
         engine.step()
@@ -433,15 +433,7 @@ def train_steps(model: nn.Module, optimizer, data: Iterator, steps: int, *, devi
             ids, labels = next(data)
             synchronize(device)
             start = time.perf_counter()
-            logits = (engine or model)(input_ids=ids).logits
-            loss = lm_loss(logits, labels) * loss_scale
-            if engine is not None:
-                engine.backward(loss)
-                engine.step()
-            else:
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+            loss = train_step(model, optimizer, ids, labels, engine=engine, loss_scale=loss_scale)
             synchronize(device)
             times.append(time.perf_counter() - start)
             losses.append(loss.item() / loss_scale)
