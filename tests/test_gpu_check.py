@@ -63,13 +63,30 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
             assert parsed.global_batch % gpus == 0
 
 
-def test_the_dry_run_commands_are_smoke_sized_and_on_two_processes(tmp_path):
+def test_the_dry_runs_are_the_full_commands_of_a_2_gpu_node_with_only_sizes_shrunk(tmp_path):
+    launched = 0
     for bench in gc.BENCHMARKS:
         command = bench.command(8, True, tmp_path)
-        if command[0] == "launch":
-            assert command[3] == 2
-            ns = _script(command[1])
-            ns["parse_args"](command[2])
+        if command[0] != "launch":
+            continue
+        launched += 1
+        full = bench.command(gc.DRY_GPUS, False, tmp_path)
+        assert command[3] == gc.DRY_GPUS == full[3] and command[1] == full[1]
+        dry_args, full_args = command[2], full[2]
+        assert len(dry_args) == len(full_args)
+        changed = {full_args[i - 1] for i, (a, b) in enumerate(zip(dry_args, full_args)) if a != b}
+        assert changed and changed <= set(gc.DRY_SIZES), f"{bench.name}: a dry run may change sizes only: {changed}"
+        dry, real = _script(command[1])["parse_args"](dry_args), _script(command[1])["parse_args"](full_args)
+        for flag in ("precision", "checkpointing", "schedules", "micro_batches", "layouts", "impls", "dtype"):
+            assert getattr(dry, flag, None) == getattr(real, flag, None), f"{bench.name}: {flag} differs"
+    assert launched == 3
+
+
+def test_shrink_replaces_only_the_values_of_size_flags():
+    args = ["--model", "llama-3.2-3b", "--precision", "bf16", "--checkpointing", "--seq-len", "2048", "--steps", "12"]
+    assert gc.shrink(args) == ["--model", "smoke", "--precision", "bf16", "--checkpointing", "--seq-len", "32",
+                               "--steps", "3"]
+    assert gc.shrink(["--steps"]) == ["--steps"]  # a flag with no value after it is left alone
 
 
 def test_parsers_read_their_records(tmp_path):

@@ -18,9 +18,12 @@ Each benchmark is a plain ``python -m dlo ...`` command or a course script start
 reported in one line and the others still run. The results go to ``results/gpu-check-<gpu>-<date>.json``
 (commit it), and one table says, per benchmark, the measured value, the target and the verdict.
 
-``--dry-run`` runs the same commands on the CPU at smoke size (2 gloo processes for the multi-process
-ones): every command line, record and parser is exercised, the targets are not judged (a CPU says nothing
-about them), and the file goes to ``runs/gpu-check/`` instead of ``results/``. CI runs it.
+``--dry-run`` runs the same commands on the CPU, scaled down: the multi-process benchmarks run the command a
+2-GPU node would run -- its precision, activation checkpointing, schedule, layout and micro-batch count --
+with only the sizes in :data:`DRY_SIZES` shrunk, on 2 gloo processes; the notebook and the single-process
+benchmarks run at smoke size. Every command line, code path, record and parser is exercised, the targets are
+not judged (a CPU says nothing about them), and the file goes to ``runs/gpu-check/`` instead of
+``results/``. CI runs it.
 """
 from __future__ import annotations
 
@@ -87,6 +90,30 @@ class Benchmark:
 # The benchmarks: command and parser of each
 # --------------------------------------------------------------------------------------------------
 
+#: The GPUs a dry run pretends to have (one gloo process each).
+DRY_GPUS = 2
+#: What a dry run changes in a full-profile command line: sizes only (model, widths, sequence, steps).
+DRY_SIZES = {"--model": "smoke", "--hidden": "32", "--intermediate": "64", "--heads": "4", "--kv-heads": "2",
+             "--vocab": "64", "--seq": "16", "--seq-len": "32", "--steps": "3", "--warmup-steps": "1",
+             "--warmup": "1"}
+
+
+def shrink(args: list[str], sizes: Mapping[str, str] = DRY_SIZES) -> list[str]:
+    """``args`` with the value after each flag of ``sizes`` replaced (every other flag and value kept)."""
+    out = list(args)
+    for i, arg in enumerate(out[:-1]):
+        if arg in sizes:
+            out[i + 1] = sizes[arg]
+    return out
+
+
+def _scaled(script: str, full_args: Callable[[int], list[str]], gpus: int, dry: bool) -> tuple:
+    """The launch of ``script`` with the full profile's arguments for ``gpus`` GPUs, or (dry) for
+    :data:`DRY_GPUS` of them, sizes shrunk."""
+    if dry:
+        return ("launch", script, shrink(full_args(DRY_GPUS)), DRY_GPUS)
+    return ("launch", script, full_args(gpus), gpus)
+
 def _jour1_command(gpus: int, dry: bool, out: Path) -> tuple:
     return ("module", ["run", "Jour1/jour1.ipynb", "--engine", "plain", "--profile", "smoke" if dry else "full",
                        "--out-dir", str(out)])
@@ -113,13 +140,13 @@ def _mix_parse(out: Path, _outputs: Any) -> tuple[float | None, dict[str, Any]]:
     return min(speedups.values()), {"speedup_by_kind": speedups}
 
 
-def _fsdp_command(gpus: int, dry: bool, out: Path) -> tuple:
-    if dry:
-        args = ["--model", "smoke", "--seq-len", "32", "--global-batch", "4", "--steps", "3", "--warmup-steps", "1"]
-        return ("launch", "tp_fsdp/fsdp_train.py", args, 2)
-    args = ["--model", "llama-3.2-3b", "--precision", "bf16", "--checkpointing", "--seq-len", "2048",
+def _fsdp_args(gpus: int) -> list[str]:
+    return ["--model", "llama-3.2-3b", "--precision", "bf16", "--checkpointing", "--seq-len", "2048",
             "--global-batch", str(2 * gpus), "--steps", "12", "--warmup-steps", "4"]
-    return ("launch", "tp_fsdp/fsdp_train.py", args, gpus)
+
+
+def _fsdp_command(gpus: int, dry: bool, out: Path) -> tuple:
+    return _scaled("tp_fsdp/fsdp_train.py", _fsdp_args, gpus, dry)
 
 
 def _fsdp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -135,15 +162,14 @@ def _fsdp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
     return 100 * rec["mfu"], details
 
 
-def _pipeline_command(gpus: int, dry: bool, out: Path) -> tuple:
-    if dry:
-        args = ["--layers", "2", "--hidden", "32", "--heads", "2", "--vocab", "64", "--seq", "16", "--batch", "8",
-                "--micro-batches", "4", "--schedules", "1f1b", "--steps", "2", "--warmup-steps", "1"]
-        return ("launch", "tp_pipeline/pipeline_train.py", args, 2)
-    args = ["--layers", str(4 * gpus), "--hidden", "2048", "--heads", "16", "--vocab", "32000", "--seq", "1024",
+def _pipeline_args(gpus: int) -> list[str]:
+    return ["--layers", str(4 * gpus), "--hidden", "2048", "--heads", "16", "--vocab", "32000", "--seq", "1024",
             "--batch", str(8 * gpus), "--micro-batches", str(4 * gpus), "--schedules", "1f1b", "--steps", "10",
             "--warmup-steps", "3"]
-    return ("launch", "tp_pipeline/pipeline_train.py", args, gpus)
+
+
+def _pipeline_command(gpus: int, dry: bool, out: Path) -> tuple:
+    return _scaled("tp_pipeline/pipeline_train.py", _pipeline_args, gpus, dry)
 
 
 def _pipeline_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -156,15 +182,14 @@ def _pipeline_parse(out: Path, records: Any) -> tuple[float | None, dict[str, An
     return 100 * gap, {k: rec.get(k) for k in ("stages", "micro_batches", "bubble", "bubble_theory", "step_s")}
 
 
-def _tp_command(gpus: int, dry: bool, out: Path) -> tuple:
-    if dry:
-        args = ["--layouts", "2x1", "--impls", "scratch", "dtensor", "--vocab", "64", "--hidden", "32",
-                "--intermediate", "64", "--layers", "1"]
-        return ("launch", "tp_tensor_parallel/tp_balises.py", args, 2)
-    args = ["--layouts", f"{gpus}x1", "--impls", "scratch", "dtensor", "--vocab", "32000", "--hidden", "4096",
+def _tp_args(gpus: int) -> list[str]:
+    return ["--layouts", f"{gpus}x1", "--impls", "scratch", "dtensor", "--vocab", "32000", "--hidden", "4096",
             "--intermediate", "11008", "--layers", "4", "--heads", "32", "--kv-heads", "8", "--seq", "1024",
             "--global-batch", "8", "--steps", "20", "--warmup", "5", "--dtype", "bfloat16"]
-    return ("launch", "tp_tensor_parallel/tp_balises.py", args, gpus)
+
+
+def _tp_command(gpus: int, dry: bool, out: Path) -> tuple:
+    return _scaled("tp_tensor_parallel/tp_balises.py", _tp_args, gpus, dry)
 
 
 def _tp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
