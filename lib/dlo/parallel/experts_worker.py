@@ -17,6 +17,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from dlo.models.config import TINY_LLAMA
+from dlo.models.llama import Llama, lm_loss, token_batch
 from dlo.parallel.experts import ExpertParallelMoE, MoEFeedForward, experts_of, group_sizes, moe_aux_loss, moe_llama
 from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
@@ -85,9 +87,6 @@ def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int
 
 def llama_case(group, ep: int, rank: int, replica: int, seed: int, device: torch.device = torch.device("cpu")) -> dict:
     """A 2-layer Llama with a MoE in each block, expert-parallel over the group, against one process."""
-    from dlo.models.config import TINY_LLAMA
-    from dlo.models.llama import Llama, lm_loss, token_batch
-
     cfg = TINY_LLAMA.replace(num_layers=2, hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2,
                              vocab_size=64, head_dim=None)
     batch = 2 * ep

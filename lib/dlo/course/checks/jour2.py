@@ -1,5 +1,5 @@
 """Checkers of the Jour 2 notebooks: ``dataloader`` (Jour2/dataloader.ipynb) and ``augment``
-(Jour2/augment.ipynb). The ``ddp`` steps are in :mod:`dlo.checks_ddp`."""
+(Jour2/augment.ipynb). The ``ddp`` steps are in :mod:`dlo.course.checks.ddp`."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,10 @@ import time
 from typing import Callable
 
 from dlo.course.checks.framework import CheckFailed, expect, register
-from dlo.data.augment import cutmix_boxes
-from dlo.data.augment import MixParams, mixup_reference, sample_mix_params
+import dlo
+from dlo.data import augment
+from dlo.data.augment import (MixParams, cutmix_boxes, cutmix_reference, mixup_reference, random_partners,
+                              sample_beta, sample_mix_params)
 
 LOADER_NB = "Jour2/dataloader.ipynb"
 
@@ -274,8 +276,6 @@ class _Counting:
 
         import torch
 
-        import dlo
-
         paths = sysconfig.get_paths()
         self.library = tuple(str(p) for p in {paths["stdlib"], paths["purelib"], paths["platlib"],
                                               os.path.dirname(torch.__file__), os.path.dirname(dlo.__file__)})
@@ -322,8 +322,6 @@ class _NoLibraryCutMix:
              "sample_mix_params", "MixCutMix")
 
     def __enter__(self) -> None:
-        from dlo.data import augment
-
         self._saved = {name: getattr(augment, name) for name in self.NAMES}
 
         def refuse(*args, **kwargs):
@@ -334,8 +332,6 @@ class _NoLibraryCutMix:
             setattr(augment, name, refuse)
 
     def __exit__(self, *exc) -> None:
-        from dlo.data import augment
-
         for name, value in self._saved.items():
             setattr(augment, name, value)
 
@@ -362,8 +358,6 @@ def _describe_box(diff) -> str:
 @register("augment", "cutmix_batch", ("cutmix_batch",), AUGMENT_NB)
 def _check_cutmix_batch(cutmix_batch: Callable) -> str:
     import torch
-
-    from dlo.data.augment import cutmix_reference
 
     # (batch, channels, height, width, dtype, alpha, seed): non-square images, several dtypes (CutMix copies pixels,
     # so every dtype must come out exact), a batch of one (its own partner)
@@ -474,8 +468,6 @@ def _check_cutmix_batch(cutmix_batch: Callable) -> str:
 def _centres(seed: int, b: int, height: int, width: int, alpha: float):
     """The box centres that ``sample_mix_params(b, alpha, kind="cutmix", generator=seeded(seed))`` draws."""
     import torch
-
-    from dlo.data.augment import random_partners, sample_beta
 
     g = torch.Generator().manual_seed(seed)
     random_partners(b, generator=g)

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.lessons.lr_find import lr_find
+from dlo.training.checkpoint import rng_state, set_rng_state
 from dlo.training.optim import Lion
 
 OPTIM_NB = "Jour3/optimizers.ipynb"
@@ -209,8 +211,6 @@ def _rng_difference(reference: dict) -> str | None:
 
 @register("optimizers", "finder_restore", ("save_training_state", "restore_training_state"), OPTIM_NB)
 def _check_finder_restore(save_training_state: Callable, restore_training_state: Callable) -> str:
-    from dlo.training.checkpoint import rng_state, set_rng_state
-
     outer = rng_state()  # the notebook's own random state, put back after the check
     try:
         return _finder_restore(save_training_state, restore_training_state)
@@ -222,8 +222,6 @@ def _finder_restore(save_training_state: Callable, restore_training_state: Calla
     import random
 
     import numpy as np
-
-    from dlo.lessons.lr_find import lr_find
 
     model, opt, _, batches, _ = _finder_setup("sgd")
     try:  # lr_find's default: no scheduler

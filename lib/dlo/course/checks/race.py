@@ -5,6 +5,7 @@ from typing import Callable
 
 from dlo.course.checks.framework import expect, register
 from dlo.lessons import race
+from dlo.lessons import leaderboard as board
 
 RACE_NB = "Jour4/cifar_race.ipynb"
 
@@ -111,8 +112,6 @@ def _fair_cases() -> list[tuple[str, list[dict], dict]]:
 
 def _why_not(entry: dict, mine: dict) -> str:
     """Why ``entry`` cannot be ranked with ``mine``, in words."""
-    from dlo.lessons import leaderboard as board
-
     for field, what in (("n_test", "test images"), ("data", "data"), ("hardware", "hardware"), ("target", "target")):
         if entry.get(field) is None:
             return f"it was recorded without its {field} (nothing says what it can be compared with)"
@@ -132,8 +131,6 @@ def _why_not(entry: dict, mine: dict) -> str:
 @register("race", "fair_ranking", ("fair_ranking",), RACE_NB)
 def _check_fair_ranking(fair_ranking: Callable) -> str:
     import copy
-
-    from dlo.lessons import leaderboard as board
 
     for what, entries, mine in _fair_cases():
         given = copy.deepcopy(entries)
