@@ -86,8 +86,8 @@ def sdpa_backends(device: torch.device | str = "cpu", dtype: torch.dtype = torch
             attention_fn(name)(q, k, v, causal=True).sum().backward()
             out[name] = None
         except (RuntimeError, NotImplementedError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            out[name] = f"{type(e).__name__} on {dev.type} ({dtype}): {first}"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")
+            out[name] = f"{type(e).__name__} on {dev.type}, {str(dtype).removeprefix('torch.')}: {first}"
     return out
 
 
