@@ -138,3 +138,15 @@ def test_time_attention_measures_every_name_interleaved_with_a_fake_clock():
     assert m["eager"].items_per_call == 32 and m["eager"].unit == "tok/s"
     assert m["math"].extra == {"attention": "math", "seq": 32, "causal": True, "heads": 2}
     assert q.grad is not None and k.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_eager_saves_half_sized_probabilities_and_math_saves_them_in_fp32_on_cpu(dtype):
+    """In 16-bit, eager attention keeps 2-byte probabilities; SDPA's math backend computes (and saves) in fp32 on
+    a CPU, so it keeps twice the bytes of the 16-bit formula: the notebook's 'measured / formula' of 2."""
+    b, h, s, d = 1, 2, 128, 16
+    q, k, v = A.leaves(b, h, s, d, dtype=dtype)
+    eager = A.attention_memory(A.eager_attention, q, k, v)["saved_bytes"]
+    assert eager == A.saved_bytes_formula(b, h, s, d, dtype_bytes=2, fused=False)
+    math_bytes = A.attention_memory(A.attention_fn("math"), q, k, v)["saved_bytes"]
+    assert math_bytes == A.saved_bytes_formula(b, h, s, d, dtype_bytes=4, fused=False)
