@@ -1,9 +1,10 @@
 """Layer 4, measure: honest timing (warm-up until steady, repeats, spread) and the verdicts drawn from it
 (faster beyond the noise or not, sentences generated from the numbers, the optimisation ladder), memory and
-FLOPs calculators, MFU, the roofline, plots.
+FLOPs calculators, MFU, the roofline, attention kernels (eager vs SDPA's backends: time and bytes saved for
+backward), plots.
 
 The timing and verdict names are importable from here (``from dlo.measure import conclude``); the other
-modules by name (``from dlo.measure import memory, flops, roofline, plots``).
+modules by name (``from dlo.measure import memory, flops, roofline, attention, plots``).
 """
 from __future__ import annotations
 
