@@ -9,7 +9,7 @@ import sys
 import torch
 
 import dlo  # noqa: F401
-from dlo.course.checks.framework import load_exercises
+from dlo.course.exercises import load_exercises
 from dlo.runtime.distributed import init_distributed, teardown
 from dlo.runtime.records import write_record
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
+from dlo.course.exercises import load_exercises
 from dlo.runtime.launch import LaunchError, launch
 from dlo.runtime.paths import ROOT
 from dlo.runtime.records import read_records
@@ -110,27 +110,6 @@ def check(course: str, step: str, namespace: dict[str, Any] | None = None, **fun
     message = f"PASSED {course}/{step}: {detail}"
     print(f"{_GREEN}{message}{_RESET}" if _in_ipython() else message)
     return message
-
-
-def load_exercises(notebook: str | os.PathLike) -> dict[str, Any]:
-    """Execute a notebook's ``setup`` and ``exercise`` cells (imports and function definitions only).
-
-    A course script (``.py``) is executed whole as a module named ``__exercises__``: its
-    ``if __name__ == "__main__":`` part does not run, so only its imports and definitions happen.
-    """
-    if Path(notebook).suffix == ".py":
-        path = Path(notebook).resolve()  # checkers may start processes that import the same file
-        ns = {"__name__": "__exercises__", "__file__": str(path)}
-        exec(compile(path.read_text(), str(path), "exec"), ns)  # noqa: S102 - course code
-        return ns
-    nb = json.loads(Path(notebook).read_text())
-    ns: dict[str, Any] = {"__name__": "__exercises__"}
-    for cell in nb["cells"]:
-        tags = cell.get("metadata", {}).get("tags", [])
-        if cell["cell_type"] == "code" and ({"setup", "exercise"} & set(tags)):
-            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-            exec(compile(src, f"{Path(notebook).name}:{tags}", "exec"), ns)  # noqa: S102 - course code
-    return ns
 
 
 def check_notebook(course: str, step: str, notebook: str | os.PathLike | None = None) -> str:

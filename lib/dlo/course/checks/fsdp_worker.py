@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import dlo  # noqa: F401
-from dlo.course.checks.framework import load_exercises
+from dlo.course.exercises import load_exercises
 from dlo.parallel import fsdp
 from dlo.runtime.distributed import init_distributed, teardown
 from dlo.runtime.records import write_record

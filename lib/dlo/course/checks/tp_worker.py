@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dlo  # noqa: F401
-from dlo.course.checks.framework import load_exercises
+from dlo.course.exercises import load_exercises
 from dlo.runtime.distributed import init_distributed, teardown
 from dlo.runtime.records import write_record
 from dlo.models.llama import Attention, Llama, SwiGLU, token_batch
