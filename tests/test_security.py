@@ -9,6 +9,7 @@ import stat
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -210,14 +211,29 @@ def test_crafted_batch_in_a_real_looking_folder_runs_no_code(tmp_path, monkeypat
     assert str(root / data.BASE_FOLDER / name) in msg and "io.open" in msg
 
 
+def _not_pickles() -> list[bytes]:
+    """Bytes that are not a CIFAR pickle: seeded random files (the same every run), and the headers that
+    random bytes hit now and then: a pickle protocol byte followed by an 8-byte or 4-byte length far larger
+    than the file (BINBYTES8 once raised OverflowError, BINUNICODE8 may ask for gigabytes), a deep nest."""
+    rng = np.random.default_rng(0)
+    files = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes() for n in rng.integers(1, 5000, 300)]
+    files += [b"\x80\x05\x8e" + b"\xff" * 8 + b"xx",        # BINBYTES8, length 2**64 - 1
+              b"\x80\x05\x8d" + b"\x00\x00\x00\xf0" * 2,  # BINUNICODE8, length ~ 2**63
+              b"\x80\x04B" + b"\xff\xff\xff\x7f" + b"ab",   # BINBYTES, length 2 GiB
+              b"\x80\x02" + b"]" * 100_000,                  # 100,000 nested empty lists, never closed
+              b""]
+    return files
+
+
 def test_a_batch_file_of_random_bytes_is_one_line(tmp_path):
     from dlo.data.format import load_batch
 
     path = tmp_path / "data_batch_1"
-    path.write_bytes(os.urandom(4000))
-    with pytest.raises(ValueError) as exc:
-        load_batch(path)
-    assert str(path) in _one_line(exc)
+    for i, raw in enumerate(_not_pickles()):
+        path.write_bytes(raw)
+        with pytest.raises(ValueError) as exc:
+            load_batch(path)
+        assert str(path) in _one_line(exc), f"file {i} ({raw[:12]!r}...)"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ only what the CIFAR format contains (dicts, lists, strings, numbers and numpy ar
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 from pathlib import Path
@@ -101,14 +102,16 @@ def load_batch(path: str | os.PathLike) -> dict:
     at all (truncated, random bytes) is a ValueError. Both are one line naming the file.
     """
     path = Path(path)
+    # Read the whole file first: a length field in random bytes then cannot make the unpickler allocate
+    # or read more than the file holds (it reports a truncated pickle instead).
+    data = path.read_bytes()
     try:
-        with open(path, "rb") as f:
-            entry = _CifarUnpickler(f, path).load()
+        entry = _CifarUnpickler(io.BytesIO(data), path).load()
     except UnsafePickleError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError,
-            UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not a readable CIFAR batch file ({type(exc).__name__}: {exc}); "
+    except Exception as exc:  # noqa: BLE001 -- bytes that are not a pickle can raise almost any error
+        detail = " ".join(str(exc).split())  # some unpickler messages span two lines
+        raise ValueError(f"{path} is not a readable CIFAR batch file ({type(exc).__name__}: {detail}); "
                          f"download or regenerate the data") from None
     if not isinstance(entry, dict):
         raise ValueError(f"{path} holds a {type(entry).__name__}, not the dict of a CIFAR batch file; "
