@@ -75,11 +75,17 @@ class Pipe:
     ``blocking=False``: it waits for a batch only if it receives something (the data is needed now); a
     batch of sends only is waited for in :meth:`finish`, the rank goes on computing meanwhile.
     Without a process group (one process, one stage) transfers are never needed.
+
+    ``group``: the process group of this pipeline's stages when the job runs several pipelines side by side
+    (a ``dp × pp × tp`` grid: the Grid's pp group). ``rank`` and ``world_size`` are then this rank's index in
+    that group and its size; the neighbours are the group's ranks, not ``rank ± 1`` of the whole job. None: the
+    pipeline is the whole job.
     """
 
     def __init__(self, stages: Stage | Sequence[Stage], batch: tuple[torch.Tensor, torch.Tensor], micro_batches: int,
                  *, rank: int = 0, world_size: int = 1, blocking: bool = False, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, group: Any = None) -> None:
+        self.group = group
         self.chunks = [stages] if isinstance(stages, Stage) else list(stages)
         if not self.chunks:
             raise ValueError("a Pipe needs at least one stage")
@@ -113,12 +119,16 @@ class Pipe:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         if self._collectives():
-            dist.barrier()
+            dist.barrier(group=self.group)
         self.t0 = time.perf_counter()
 
     def _collectives(self) -> bool:
         """Whether this Pipe talks to other processes (a process group of more than one rank)."""
         return dist.is_available() and dist.is_initialized() and self.world_size > 1
+
+    def _global(self, peer: int) -> int:
+        """The job-wide rank of stage-rank ``peer`` (the same number when the pipeline is the whole job)."""
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -184,8 +194,8 @@ class Pipe:
     def _post(self, ops: list[Transfer]) -> list[Any]:
         """The one place that talks to torch.distributed: one batch for ``ops``, whatever their number, so
         that NCCL sees every transfer of this Pipe the same way (a batch on the group's communicator)."""
-        return dist.batch_isend_irecv([dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor, op.peer,
-                                                  tag=op.tag) for op in ops])
+        return dist.batch_isend_irecv([dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, op.tensor,
+                                                  self._global(op.peer), group=self.group, tag=op.tag) for op in ops])
 
     def recv_forward(self, mb: int, chunk: int = 0) -> torch.Tensor:
         """The input of micro-batch ``mb``: its token ids on the first stage, else the previous stage's output."""
@@ -308,7 +318,7 @@ class Pipe:
             loss = sum(self.losses) / len(self.losses)
         if self._collectives():
             t = torch.tensor([loss if loss is not None else 0.0], dtype=torch.float64, device=self.device)
-            dist.broadcast(t, src=last_rank)
+            dist.broadcast(t, src=self._global(last_rank), group=self.group)
             loss = float(t.item())
         peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
         return StepStats(self.rank, loss, list(self.events), self.max_in_flight, self.peak_activation_bytes, peak,
