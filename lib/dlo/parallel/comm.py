@@ -16,9 +16,16 @@ primitive              forward                     backward
 ``f`` and ``g`` are conjugate: where the forward copies a tensor to every rank, the backward must sum the
 ranks' gradients of it, and vice versa.
 
+Sequence parallelism (:mod:`dlo.parallel.tensor`, ``sequence_parallel=True``) replaces ``f`` by an all-gather
+along the sequence (:func:`all_gather_along`) and ``g`` by a reduce-scatter along the sequence
+(:func:`reduce_scatter_along`): sum over the ranks, keep this rank's contiguous chunk of the sequence.
+
 Every collective that really runs (group of more than one process) is counted in a per-process
 :data:`COUNTER`, by operation and by phase (forward / backward / anything the caller names), with the
-bytes of its result on one rank. A notebook reads it to compare "communication per step" with theory::
+bytes of its result on one rank (a reduce-scatter: the bytes of its *input*, the full tensor it sums, so that a
+reduce-scatter plus an all-gather of one tensor count twice the bytes of one all-reduce of it: a ring all-reduce
+is exactly those two steps, and moves the same data). A notebook reads it to compare "communication per step"
+with theory::
 
     from dlo.parallel import comm
     comm.COUNTER.reset()
@@ -133,6 +140,52 @@ def all_gather_last_dim(x: torch.Tensor, group=None, *, phase: str = "forward") 
     return out
 
 
+def all_gather_along(x: torch.Tensor, group=None, *, dim: int = 1, phase: str = "forward") -> torch.Tensor:
+    """The ranks' ``x`` concatenated along ``dim`` (the sequence, by default), in rank order; counted as
+    ``all_gather`` with the bytes of the result."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x, group=group)
+    out = torch.cat(parts, dim=dim)
+    COUNTER.add("all_gather", phase, _nbytes(out))
+    return out
+
+
+def _check_split(x: torch.Tensor, n: int, dim: int) -> None:
+    if x.shape[dim] % n:
+        raise ValueError(f"cannot split dimension {dim} of size {x.shape[dim]} over {n} ranks: make it a multiple "
+                         f"of {n} (sequence parallelism needs seq_len divisible by tp)")
+
+
+def reduce_scatter_along(x: torch.Tensor, group=None, *, dim: int = 1, phase: str = "forward") -> torch.Tensor:
+    """The sum of ``x`` over the ranks of ``group``, of which this rank keeps chunk ``r`` of ``n`` along ``dim``
+    (contiguous chunks, rank order: the inverse of :func:`all_gather_along`). Counted as ``reduce_scatter``
+    with the bytes of its input (the full tensor). ValueError when ``n`` does not divide ``x.shape[dim]``."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    _check_split(x, n, dim)
+    full = x.movedim(dim, 0).contiguous()  # chunks along dim 0 are what reduce_scatter_tensor hands out
+    out = torch.empty((full.shape[0] // n, *full.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(out, full, op=dist.ReduceOp.SUM, group=group)
+    COUNTER.add("reduce_scatter", phase, _nbytes(x))
+    return out.movedim(0, dim).contiguous()
+
+
+def split_along(x: torch.Tensor, group=None, *, dim: int = 1) -> torch.Tensor:
+    """This rank's contiguous chunk of ``dim`` (no communication); ValueError when the group size does not
+    divide it."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    _check_split(x, n, dim)
+    size = x.shape[dim] // n
+    return x.narrow(dim, group_rank(group) * size, size).contiguous()
+
+
 def split_last_dim(x: torch.Tensor, group=None) -> torch.Tensor:
     """This rank's slice of the last dimension (no communication)."""
     n = group_size(group)
@@ -213,4 +266,5 @@ def scatter_to_region(x: torch.Tensor, group=None) -> torch.Tensor:
 
 
 __all__ = ["COUNTER", "CommCounter", "group_size", "group_rank", "all_reduce", "all_gather_last_dim",
-           "split_last_dim", "copy_to_region", "reduce_from_region", "gather_from_region", "scatter_to_region"]
+           "all_gather_along", "reduce_scatter_along", "split_along", "split_last_dim", "copy_to_region",
+           "reduce_from_region", "gather_from_region", "scatter_to_region"]

@@ -20,6 +20,18 @@ identical and can be compared exactly) and keeps its parameter names; :func:`ful
 slices (weights or gradients) back into full tensors. :func:`tp_dp_groups` builds the process groups of
 TP × DP (contiguous ranks form a TP group, strided ranks a DP group). :func:`dtensor_llama` parallelises
 the same model with ``torch.distributed.tensor.parallel.parallelize_module`` for comparison.
+
+**Sequence parallelism** (Korthikanti et al., 2022; ``sequence_parallel=True`` on the layers, the block and
+:class:`TPLlama`): between a row-parallel layer and the next column-parallel one, plain TP keeps the whole
+``[batch, seq, hidden]`` activation on every rank and computes the same RMSNorm and residual add ``tp`` times.
+SP cuts those regions along the sequence: each rank holds ``seq/tp`` tokens there. The all-reduce "g" after
+a row-parallel layer becomes a reduce-scatter along the sequence (:func:`reduce_scatter_to_sequence_region`),
+the "f" before a column-parallel layer an all-gather along the sequence
+(:func:`gather_from_sequence_region`); the embedding's all-reduce becomes a reduce-scatter and the LM head
+gathers the sequence first. Same bytes on the wire (an all-reduce *is* a reduce-scatter then an all-gather),
+``1/tp`` of the norms' activations per rank. The norms' weights are replicated but each rank now sees only
+its tokens: their gradients are partial sums, added over the group by :func:`reduce_sequence_parallel_grads`
+after the backward (what Megatron-LM does for its sequence-parallel parameters).
 """
 from __future__ import annotations
 
@@ -36,6 +48,8 @@ from dlo.models.llama import Attention, Llama, SwiGLU, apply_rotary, causal_atte
 from dlo.parallel import comm
 from dlo.parallel.comm import copy_to_region, gather_from_region, group_rank, group_size, reduce_from_region
 
+SEQ_DIM = 1  # activations are [batch, seq, hidden]
+
 
 def _divisible(what: str, n: int, tp: int, where: str) -> None:
     if n % tp:
@@ -49,6 +63,60 @@ def _mark(param: nn.Parameter, split_dim: int | None) -> nn.Parameter:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Sequence-parallel regions: the f and g of sequence parallelism
+# ----------------------------------------------------------------------------------------------------
+
+class _GatherFromSequenceRegion(torch.autograd.Function):
+    """Forward: all-gather along the sequence (this rank's ``seq/tp`` tokens -> all of them), before a
+    column-parallel layer. Backward: every rank's gradient of the whole sequence is a partial sum (its
+    slice of the weights): sum them and keep this rank's tokens, a reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return comm.all_gather_along(x, group, dim=SEQ_DIM, phase="forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.reduce_scatter_along(grad, ctx.group, dim=SEQ_DIM, phase="backward"), None
+
+
+class _ReduceScatterToSequenceRegion(torch.autograd.Function):
+    """Forward: sum the partial outputs of a row-parallel layer and keep this rank's tokens (reduce-scatter
+    along the sequence). Backward: each rank holds the gradient of its tokens; every partial output (whole
+    sequence) needs all of them: all-gather along the sequence."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return comm.reduce_scatter_along(x, group, dim=SEQ_DIM, phase="forward")
+
+    @staticmethod
+    def backward(ctx, grad):
+        return comm.all_gather_along(grad, ctx.group, dim=SEQ_DIM, phase="backward"), None
+
+
+def gather_from_sequence_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """SP's "f": all-gather along the sequence forward, reduce-scatter along the sequence backward."""
+    return _GatherFromSequenceRegion.apply(x, group)
+
+
+def reduce_scatter_to_sequence_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """SP's "g": reduce-scatter along the sequence forward, all-gather along the sequence backward."""
+    return _ReduceScatterToSequenceRegion.apply(x, group)
+
+
+def _enter(x: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
+    """What comes before a column-parallel layer: f (TP) or the sequence all-gather (SP)."""
+    return gather_from_sequence_region(x, group) if sequence_parallel else copy_to_region(x, group)
+
+
+def _leave(x: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
+    """What comes after a row-parallel layer: g (TP) or the sequence reduce-scatter (SP)."""
+    return reduce_scatter_to_sequence_region(x, group) if sequence_parallel else reduce_from_region(x, group)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Layers
 # ----------------------------------------------------------------------------------------------------
 
@@ -58,21 +126,25 @@ class ColumnParallelLinear(nn.Module):
 
     ``copy_input``: apply "f" to the input (set False when the caller already did, e.g. once for Q, K and V).
     ``gather_output``: all-gather the output slices (otherwise each rank returns its slice).
+    ``sequence_parallel``: the input is this rank's chunk of the sequence; "f" becomes the all-gather along
+    the sequence (:func:`gather_from_sequence_region`).
     """
 
-    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False, copy_input: bool = True) -> None:
+    def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False, copy_input: bool = True,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         tp, r = group_size(group), group_rank(group)
         _divisible("out_features", full.out_features, tp, "ColumnParallelLinear")
         n = full.out_features // tp
         self.group, self.gather_output, self.copy_input = group, gather_output, copy_input
+        self.sequence_parallel = sequence_parallel
         self.in_features, self.out_features = full.in_features, n
         self.weight = _mark(nn.Parameter(full.weight.detach()[r * n:(r + 1) * n].clone()), 0)
         self.bias = None if full.bias is None else _mark(nn.Parameter(full.bias.detach()[r * n:(r + 1) * n].clone()), 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.copy_input:
-            x = copy_to_region(x, self.group)
+            x = _enter(x, self.group, self.sequence_parallel)
         y = F.linear(x, self.weight, self.bias)
         return gather_from_region(y, self.group) if self.gather_output else y
 
@@ -80,14 +152,16 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """``y = x W^T + b`` with the **input** features split: this rank holds columns
     ``[r*in/tp, (r+1)*in/tp)`` of ``W`` and receives the matching slice of ``x`` (``input_is_parallel``;
-    otherwise it cuts its slice itself). Partial products are summed by "g"; ``b`` is added once, after."""
+    otherwise it cuts its slice itself). Partial products are summed by "g"; ``b`` is added once, after.
+    ``sequence_parallel``: "g" becomes the reduce-scatter along the sequence (each rank gets its tokens)."""
 
-    def __init__(self, full: nn.Linear, group=None, *, input_is_parallel: bool = True) -> None:
+    def __init__(self, full: nn.Linear, group=None, *, input_is_parallel: bool = True,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         tp, r = group_size(group), group_rank(group)
         _divisible("in_features", full.in_features, tp, "RowParallelLinear")
         n = full.in_features // tp
-        self.group, self.input_is_parallel = group, input_is_parallel
+        self.group, self.input_is_parallel, self.sequence_parallel = group, input_is_parallel, sequence_parallel
         self.in_features, self.out_features = n, full.out_features
         self.weight = _mark(nn.Parameter(full.weight.detach()[:, r * n:(r + 1) * n].clone()), 1)
         self.bias = None if full.bias is None else _mark(nn.Parameter(full.bias.detach().clone()), None)
@@ -95,20 +169,22 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = comm.scatter_to_region(x, self.group)
-        y = reduce_from_region(F.linear(x, self.weight), self.group)
+        y = _leave(F.linear(x, self.weight), self.group, self.sequence_parallel)
         return y if self.bias is None else y + self.bias
 
 
 class VocabParallelEmbedding(nn.Module):
     """Embedding table split by vocabulary rows: this rank looks up the ids in its range, writes zeros for
-    the others, and an all-reduce ("g") sums the ranks' answers (exactly one is non-zero per token)."""
+    the others, and an all-reduce ("g") sums the ranks' answers (exactly one is non-zero per token).
+    ``sequence_parallel``: a reduce-scatter along the sequence instead, so that each rank gets its tokens only."""
 
-    def __init__(self, full: nn.Embedding, group=None) -> None:
+    def __init__(self, full: nn.Embedding, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         tp, r = group_size(group), group_rank(group)
         _divisible("vocab_size", full.num_embeddings, tp, "VocabParallelEmbedding")
         n = full.num_embeddings // tp
         self.group, self.vocab_start, self.vocab_end = group, r * n, (r + 1) * n
+        self.sequence_parallel = sequence_parallel
         self.num_embeddings, self.embedding_dim = n, full.embedding_dim
         self.weight = _mark(nn.Parameter(full.weight.detach()[r * n:(r + 1) * n].clone()), 0)
 
@@ -116,24 +192,25 @@ class VocabParallelEmbedding(nn.Module):
         outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
         local = (ids - self.vocab_start).masked_fill(outside, 0)
         out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
-        return reduce_from_region(out, self.group)
+        return _leave(out, self.group, self.sequence_parallel)
 
 
 class ParallelSwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate/up column-parallel and down row-parallel: the
     element-wise product needs no communication, so the whole MLP costs one all-reduce forward (g)
-    and one backward (f)."""
+    and one backward (f). ``sequence_parallel``: the input is this rank's tokens, all-gathered along the
+    sequence on the way in, and the output reduce-scattered along the sequence on the way out."""
 
-    def __init__(self, full: SwiGLU, group=None) -> None:
+    def __init__(self, full: SwiGLU, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         _divisible("intermediate_size", full.gate_proj.out_features, group_size(group), "ParallelSwiGLU")
-        self.group = group
+        self.group, self.sequence_parallel = group, sequence_parallel
         self.gate_proj = ColumnParallelLinear(full.gate_proj, group, copy_input=False)
         self.up_proj = ColumnParallelLinear(full.up_proj, group, copy_input=False)
-        self.down_proj = RowParallelLinear(full.down_proj, group)
+        self.down_proj = RowParallelLinear(full.down_proj, group, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_region(x, self.group)  # once for gate and up: one all-reduce of the gradient
+        x = _enter(x, self.group, self.sequence_parallel)  # once for gate and up: one collective of the gradient
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -141,23 +218,24 @@ class ParallelAttention(nn.Module):
     """Grouped-query attention with the heads split: this rank owns query heads
     ``[r*h/tp, (r+1)*h/tp)`` and K/V heads ``[r*kv/tp, (r+1)*kv/tp)``; query head ``i`` still meets K/V head
     ``i // (h/kv)`` (contiguous blocks keep the groups together). Attention itself is local; ``o_proj`` is
-    row-parallel: one all-reduce per forward."""
+    row-parallel: one all-reduce per forward. ``sequence_parallel``: all-gather the sequence on the way in,
+    reduce-scatter it on the way out (``cos``/``sin`` are for the whole sequence)."""
 
-    def __init__(self, full: Attention, group=None) -> None:
+    def __init__(self, full: Attention, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         tp = group_size(group)
         _divisible("num_heads", full.num_heads, tp, "ParallelAttention")
         _divisible("num_kv_heads", full.num_kv_heads, tp, "ParallelAttention")
-        self.group, self.head_dim = group, full.head_dim
+        self.group, self.head_dim, self.sequence_parallel = group, full.head_dim, sequence_parallel
         self.num_heads, self.num_kv_heads = full.num_heads // tp, full.num_kv_heads // tp
         self.q_proj = ColumnParallelLinear(full.q_proj, group, copy_input=False)
         self.k_proj = ColumnParallelLinear(full.k_proj, group, copy_input=False)
         self.v_proj = ColumnParallelLinear(full.v_proj, group, copy_input=False)
-        self.o_proj = RowParallelLinear(full.o_proj, group)
+        self.o_proj = RowParallelLinear(full.o_proj, group, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = _enter(x, self.group, self.sequence_parallel)
         b, s, _ = x.shape
-        x = copy_to_region(x, self.group)
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -166,23 +244,28 @@ class ParallelAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
 
 
-def _replicated(module: nn.Module) -> nn.Module:
+def _replicated(module: nn.Module, sequence_parallel: bool = False) -> nn.Module:
     out = copy.deepcopy(module)
     for p in out.parameters():
         _mark(p, None)
+        p.sequence_parallel = sequence_parallel  # its gradient is a partial sum over the group (its tokens only)
     return out
 
 
 class TPDecoderBlock(nn.Module):
     """The pre-norm block of :class:`dlo.models.llama.DecoderBlock` with parallel attention and MLP; the norms
-    are replicated (their inputs are full on every rank, their gradients too, thanks to "f")."""
+    are replicated (their inputs are full on every rank, their gradients too, thanks to "f").
 
-    def __init__(self, full: nn.Module, group=None) -> None:
+    ``sequence_parallel``: the block takes and returns this rank's ``seq/tp`` tokens; the norms and the residual
+    adds run on them only (their weights' gradients then need :func:`reduce_sequence_parallel_grads`)."""
+
+    def __init__(self, full: nn.Module, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
-        self.input_layernorm = _replicated(full.input_layernorm)
-        self.self_attn = ParallelAttention(full.self_attn, group)
-        self.post_attention_layernorm = _replicated(full.post_attention_layernorm)
-        self.mlp = ParallelSwiGLU(full.mlp, group)
+        self.sequence_parallel = sequence_parallel
+        self.input_layernorm = _replicated(full.input_layernorm, sequence_parallel)
+        self.self_attn = ParallelAttention(full.self_attn, group, sequence_parallel=sequence_parallel)
+        self.post_attention_layernorm = _replicated(full.post_attention_layernorm, sequence_parallel)
+        self.mlp = ParallelSwiGLU(full.mlp, group, sequence_parallel=sequence_parallel)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -216,27 +299,38 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tenso
 class TPLlama(nn.Module):
     """:class:`dlo.models.llama.Llama` split over the ranks of ``group`` (all processes by default), sliced from the
     full model ``full`` (same parameter names). ``forward`` returns the gathered logits; :meth:`loss` uses
-    the vocab-parallel cross-entropy (``vocab_parallel=False``: gathered logits + ``F.cross_entropy``)."""
+    the vocab-parallel cross-entropy (``vocab_parallel=False``: gathered logits + ``F.cross_entropy``).
 
-    def __init__(self, full: Llama, group=None) -> None:
+    ``sequence_parallel=True``: the embedding reduce-scatters its output along the sequence, the blocks run
+    their norms and residual adds on this rank's ``seq/tp`` tokens, the final norm too, and the LM head
+    all-gathers the sequence before its column-parallel product (the logits stay split over the vocabulary).
+    The sequence length must be a multiple of tp. After ``backward`` call
+    :func:`reduce_sequence_parallel_grads` (the norms' gradients are partial sums)."""
+
+    def __init__(self, full: Llama, group=None, *, sequence_parallel: bool = False) -> None:
         super().__init__()
         cfg, tp = full.cfg, group_size(group)
         for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
                         ("vocab_size", cfg.vocab_size), ("intermediate_size", cfg.intermediate_size)):
             _divisible(what, n, tp, "TPLlama")
         self.cfg, self.group, self.rope_theta = cfg, group, full.rope_theta
-        self.embed_tokens = VocabParallelEmbedding(full.embed_tokens, group)
-        self.layers = nn.ModuleList(TPDecoderBlock(b, group) for b in full.layers)
-        self.norm = _replicated(full.norm)
-        self.lm_head = ColumnParallelLinear(full.lm_head, group)  # output stays split over the vocabulary
+        self.sequence_parallel = sequence_parallel
+        sp = {"sequence_parallel": sequence_parallel}
+        self.embed_tokens = VocabParallelEmbedding(full.embed_tokens, group, **sp)
+        self.layers = nn.ModuleList(TPDecoderBlock(b, group, **sp) for b in full.layers)
+        self.norm = _replicated(full.norm, sequence_parallel)
+        self.lm_head = ColumnParallelLinear(full.lm_head, group, **sp)  # output stays split over the vocabulary
         if cfg.tie_embeddings:  # same vocabulary slice on both sides
             self.lm_head.weight = self.embed_tokens.weight
 
     def local_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's slice ``[batch, seq, vocab/tp]`` of the logits."""
+        seq, tp = input_ids.shape[1], group_size(self.group)
+        if self.sequence_parallel and seq % tp:
+            raise ValueError(f"sequence parallelism: tp={tp} does not divide seq_len={seq}; use a sequence length "
+                             f"that is a multiple of {tp}, or sequence_parallel=False")
         x = self.embed_tokens(input_ids)
-        cos, sin = rotary_cos_sin(input_ids.shape[1], self.cfg.head_dim, theta=self.rope_theta,
-                                  device=x.device, dtype=x.dtype)
+        cos, sin = rotary_cos_sin(seq, self.cfg.head_dim, theta=self.rope_theta, device=x.device, dtype=x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.lm_head(self.norm(x))
@@ -276,14 +370,43 @@ def full_tensors(model: nn.Module, group=None, *, grads: bool = False) -> dict[s
     return out
 
 
-def comm_theory(num_layers: int, *, vocab_parallel_loss: bool = True) -> dict[tuple[str, str], int]:
+def reduce_sequence_parallel_grads(model: nn.Module, group=None) -> None:
+    """Sum over ``group`` the gradients of the parameters that saw only this rank's tokens (the norms of a
+    ``sequence_parallel=True`` model): one flat all-reduce, counted as phase "sp_grads", after the backward
+    and before any data-parallel averaging or optimizer step. Nothing to do without sequence parallelism."""
+    grads = [p.grad for p in model.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    if group_size(group) == 1 or not grads:
+        return
+    flat = comm.all_reduce(torch.cat([g.reshape(-1) for g in grads]), group, phase="sp_grads")
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def comm_theory(num_layers: int, *, vocab_parallel_loss: bool = True,
+                sequence_parallel: bool = False) -> dict[tuple[str, str], int]:
     """Collectives of one training step of :class:`TPLlama` (tp > 1), by ``(op, phase)``.
 
     Forward: 2 all-reduces per layer (attention and MLP, "g"), 1 for the embedding; then either 2 small
     all-reduces per token for the vocab-parallel loss (max, and the two sums) or 1 all-gather of the logits.
     Backward: 2 per layer ("f" before attention and MLP) + 1 ("f" before the LM head).
+
+    ``sequence_parallel``: each of those activation all-reduces becomes a reduce-scatter (the g's and the
+    embedding's, forward) or an all-gather (the f's, forward) and its conjugate backward: ``2L + 1``
+    reduce-scatters and ``2L + 1`` all-gathers each way, no activation all-reduce (the norms' gradients, one
+    small all-reduce in phase "sp_grads" after the backward, are not in this count).
     """
-    out = {("all_reduce", "forward"): 2 * num_layers + 1, ("all_reduce", "backward"): 2 * num_layers + 1}
+    n = 2 * num_layers + 1
+    if sequence_parallel:
+        out = {(op, phase): n for op in ("reduce_scatter", "all_gather") for phase in ("forward", "backward")}
+        if vocab_parallel_loss:
+            out[("all_reduce", "forward")] = 1
+            out[("all_reduce_max", "forward")] = 1
+        else:
+            out[("all_gather", "forward")] += 1
+        return out
+    out = {("all_reduce", "forward"): n, ("all_reduce", "backward"): n}
     if vocab_parallel_loss:
         out[("all_reduce", "forward")] += 1
         out[("all_reduce_max", "forward")] = 1
@@ -293,7 +416,58 @@ def comm_theory(num_layers: int, *, vocab_parallel_loss: bool = True) -> dict[tu
 
 
 # ----------------------------------------------------------------------------------------------------
-# Process groups for TP x DP
+# Activation memory of the regions sequence parallelism splits
+# ----------------------------------------------------------------------------------------------------
+
+def saved_bytes_inside(modules, fn) -> dict[str, Any]:
+    """Run ``fn()`` and count the tensors autograd saves for the backward *while one of* ``modules`` *runs its
+    forward* (``saved_tensors_hooks``), each storage once (two views of one tensor are one allocation),
+    parameters left out (they are not activations). Returns ``{"bytes", "tensors": [(shape, bytes), ...],
+    "out"}`` (``out``: what ``fn`` returned, so that its backward can still run).
+
+    With the norms of a :class:`TPLlama` as ``modules``, this is the activation memory of the regions that
+    sequence parallelism splits (the residual adds save nothing; the residual stream is the norms' input)."""
+    modules = list(modules)
+    params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+    depth, seen, saved = [0], set(), []
+
+    def enter(module, args):
+        depth[0] += 1
+
+    def leave(module, args, out):
+        depth[0] -= 1
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if depth[0] > 0:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen and ptr not in params:
+                seen.add(ptr)
+                saved.append((tuple(t.shape), t.untyped_storage().nbytes()))
+        return t
+
+    handles = [h for m in modules for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return {"bytes": sum(b for _, b in saved), "tensors": saved, "out": out}
+
+
+def norm_saved_bytes_theory(num_layers: int, batch: int, seq: int, hidden: int, tp: int = 1, *,
+                            sequence_parallel: bool = False, element_size: int = 4) -> int:
+    """What the ``2L + 1`` RMSNorms of a :class:`TPLlama` save for the backward on one rank, for activations of
+    ``element_size`` bytes: per norm its input converted to float32 (``x.float()``: ``x`` itself in float32, a copy
+    in 16 bits), the float32 ``rsqrt(mean x² + eps)`` (one number per token) and the normalised ``x`` back in
+    the activations' dtype (what the weight multiplies): ``batch · tokens · (hidden · (4 + element_size) + 4)``
+    bytes, where ``tokens`` is the whole sequence with plain TP and ``seq / tp`` with sequence parallelism."""
+    tokens = seq // tp if sequence_parallel else seq
+    per_norm = batch * tokens * (hidden * (4 + element_size) + 4)
+    return (2 * num_layers + 1) * per_norm
+
+
+
 # ----------------------------------------------------------------------------------------------------
 
 def tp_group_ranks(world_size: int, tp: int) -> list[list[int]]:
@@ -344,7 +518,7 @@ def all_reduce_gradients(model: nn.Module, group=None) -> None:
 # DTensor: the same split, written by PyTorch
 # ----------------------------------------------------------------------------------------------------
 
-def dtensor_llama(full: Llama, mesh) -> nn.Module:
+def dtensor_llama(full: Llama, mesh, *, sequence_parallel: bool = False) -> nn.Module:
     """A copy of ``full`` parallelised over the 1-D device ``mesh`` with ``parallelize_module``:
     Q/K/V, gate, up and the LM head column-wise; O and down row-wise; the embedding row-wise (its rows
     are the vocabulary). The LM head output is gathered (``Replicate``), so ``model(ids)`` gives the full
@@ -353,24 +527,40 @@ def dtensor_llama(full: Llama, mesh) -> nn.Module:
     Tied embeddings (``cfg.tie_embeddings``, as in Llama 3.2) stay tied: ``parallelize_module`` gives each
     module its own new sharded parameter, which would silently untie the LM head from the embedding (two
     tensors, two half gradients). Both are sharded the same way (rows = vocabulary, ``Shard(0)``), so the
-    head takes the embedding's sharded weight back: one parameter, whose gradient sums both uses."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    head takes the embedding's sharded weight back: one parameter, whose gradient sums both uses.
+
+    ``sequence_parallel``: the plan of :class:`TPLlama`'s ``sequence_parallel=True`` written with DTensor's
+    styles: the embedding and the row-parallel layers output ``Shard(1)`` (a reduce-scatter along the
+    sequence), ``SequenceParallel()`` on the norms, ``PrepareModuleInput`` gathering the sequence
+    (``Shard(1)`` -> ``Replicate()``) in front of attention and the MLP, and the LM head takes ``Shard(1)``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
 
     tp, cfg = mesh.size(), full.cfg
     for what, n in (("num_heads", cfg.num_heads), ("num_kv_heads", cfg.num_kv_heads),
                     ("vocab_size", cfg.vocab_size), ("intermediate_size", cfg.intermediate_size)):
         _divisible(what, n, tp, "dtensor_llama")
     model = copy.deepcopy(full)
+    seq = {"output_layouts": Shard(1)} if sequence_parallel else {}
     plan: dict[str, Any] = {
-        "embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),
+        "embed_tokens": RowwiseParallel(input_layouts=Replicate(), **seq),
+        "lm_head": ColwiseParallel(output_layouts=Replicate(), **({"input_layouts": Shard(1)} if seq else {})),
     }
+    if sequence_parallel:
+        plan["norm"] = SequenceParallel()
     for i in range(len(model.layers)):
         for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
             plan[f"layers.{i}.{name}"] = ColwiseParallel()
         for name in ("self_attn.o_proj", "mlp.down_proj"):
-            plan[f"layers.{i}.{name}"] = RowwiseParallel()
+            plan[f"layers.{i}.{name}"] = RowwiseParallel(**seq)
+        if sequence_parallel:
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                plan[f"layers.{i}.{name}"] = SequenceParallel()
+            plan[f"layers.{i}.self_attn"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                               desired_input_layouts=(Replicate(), None, None))
+            plan[f"layers.{i}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                         desired_input_layouts=(Replicate(),))
     model = parallelize_module(model, mesh, plan)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -390,7 +580,9 @@ def dtensor_full_tensors(model: nn.Module, *, grads: bool = False) -> dict[str, 
     return out
 
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelSwiGLU",
+__all__ = ["gather_from_sequence_region", "reduce_scatter_to_sequence_region", "reduce_sequence_parallel_grads",
+           "saved_bytes_inside", "norm_saved_bytes_theory", "ColumnParallelLinear", "RowParallelLinear",
+           "VocabParallelEmbedding", "ParallelSwiGLU",
            "ParallelAttention", "TPDecoderBlock", "TPLlama", "vocab_parallel_cross_entropy", "gather_split",
            "full_tensors", "comm_theory", "tp_group_ranks", "dp_group_ranks", "tp_dp_groups",
            "all_reduce_gradients", "dtensor_llama", "dtensor_full_tensors"]
