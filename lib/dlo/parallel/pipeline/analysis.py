@@ -74,13 +74,15 @@ def gantt(per_rank: Sequence[dict | StepStats], *, title: str = "Pipeline schedu
     colors = {"F": ["#4c72b0", "#8fb0e0", "#27466e"], "B": ["#55a868", "#9ad3a8", "#2f6b3d"],
               "W": ["#dd8452", "#f0b98f", "#a0522d"]}
     for r, evs in enumerate(events):
+        if not evs:
+            continue
         chunked = any(x.get("chunk", 0) for x in evs)
-        for e in evs:
-            chunk = int(e.get("chunk", 0))
-            col = colors[e["kind"]][chunk % 3]
-            start, w = (float(e["start"]) - t0) * scale, (float(e["end"]) - float(e["start"])) * scale
-            ax.barh(r, w, left=start, color=col, edgecolor="white", height=0.8)
-            label = f"{e['mb']}" + ("abc"[chunk % 3] if chunked else "")
+        starts = [(float(e["start"]) - t0) * scale for e in evs]
+        widths = [(float(e["end"]) - float(e["start"])) * scale for e in evs]
+        cols = [colors[e["kind"]][int(e.get("chunk", 0)) % 3] for e in evs]
+        ax.barh([r] * len(evs), widths, left=starts, color=cols, edgecolor="white", height=0.8)  # one call per rank
+        for e, start, w in zip(evs, starts, widths):
+            label = f"{e['mb']}" + ("abc"[int(e.get("chunk", 0)) % 3] if chunked else "")
             ax.text(start + w / 2, r, label, ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(events)), [f"rank {r}" for r in range(len(events))])
     ax.invert_yaxis()
