@@ -54,8 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=96)
     p.add_argument("--seq", type=int, default=8)
     p.add_argument("--batch", type=int, default=16, help="sequences per optimizer step, over the dp replicas")
-    p.add_argument("--steps", type=int, default=1, help="timed steps (the first one is the one compared)")
-    p.add_argument("--warmup-steps", type=int, default=0, help="untimed steps before them (then nothing is compared)")
+    p.add_argument("--steps", type=int, default=1, help="timed steps")
+    p.add_argument("--warmup-steps", type=int, default=0, help="untimed steps before them (the very first step is "
+                   "the one compared with one process and whose communication is recorded, timed or not)")
     p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
@@ -74,15 +75,16 @@ def make_batch(args) -> tuple[torch.Tensor, torch.Tensor]:
     return token_batch(args.batch, args.seq, args.vocab, seed=args.seed + 1)
 
 
-def reference_step(args) -> dict:
-    """One process, the whole model, the whole batch: loss, gradients, weights after one SGD step."""
-    model = Llama(make_config(args), seed=args.seed)
-    ids, labels = make_batch(args)
+def reference_step(args, device: torch.device | str = "cpu") -> dict:
+    """One process, the whole model, the whole batch, fp32 on ``device``: loss, gradients, weights after one SGD
+    step (returned on the CPU)."""
+    model = Llama(make_config(args), seed=args.seed).to(device)
+    ids, labels = (t.to(device) for t in make_batch(args))
     loss = model.loss(ids, labels)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
     torch.optim.SGD(model.parameters(), lr=args.lr).step()
-    return {"loss": loss.item(), "grads": grads, "after": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return {"loss": loss.item(), "grads": grads, "after": {n: p.detach().cpu() for n, p in model.named_parameters()}}
 
 
 def _device() -> torch.device:
@@ -110,7 +112,7 @@ def run_schedule(args, ctx, device, grid: Grid, groups: dict, schedule: str, ref
     record: dict = {"kind": "grid", "schedule": schedule, "dp": grid.dp, "pp": grid.pp, "tp": grid.tp,
                     "micro_batches": args.micro_batches, "virtual": virtual, "coords": where,
                     "stages": [c.index for c in chunks], "layers": [c.layer_ids for c in chunks],
-                    "dtype": args.dtype, "world_size": ctx.world_size}
+                    "dtype": args.dtype, "world_size": ctx.world_size, "tokens_per_step": args.batch * args.seq}
     times = []
     for step in range(args.warmup_steps + args.steps):
         opt.zero_grad(set_to_none=True)
@@ -120,7 +122,7 @@ def run_schedule(args, ctx, device, grid: Grid, groups: dict, schedule: str, ref
         start = time.perf_counter()
         stats = grid_train_step(pipe, schedule, chunks, groups["dp"])
         summary = comm.COUNTER.summary()  # this step's communication, before the bookkeeping below
-        first = step == args.warmup_steps
+        first = step == 0
         if first and (args.compare or args.dump):
             grads = gathered_tensors(chunks, groups["tp"], grads=True)
         opt.step()
@@ -177,7 +179,7 @@ def main(argv=None) -> None:
     groups = grid.new_groups(ctx.rank, axes=("dp", "pp", "tp")) if ctx.is_distributed else {
         "dp": None, "pp": None, "tp": None}
     say(f"{ctx.world_size} process(es) on {device.type}: dp={grid.dp} x pp={grid.pp} x tp={grid.tp}\n{grid.describe()}")
-    reference = reference_step(args) if args.compare else None
+    reference = reference_step(args, device) if args.compare else None
     try:
         for schedule in args.schedules:
             record = run_schedule(args, ctx, device, grid, groups, schedule, reference)
