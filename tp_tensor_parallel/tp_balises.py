@@ -1,4 +1,4 @@
-"""Workshop -- Megatron-style tensor parallelism (TP) of a Llama decoder, from scratch, in 11 balises.
+"""Workshop -- Megatron-style tensor parallelism (TP) of a Llama decoder, from scratch, in 12 balises.
 
 Tensor parallelism cuts every large weight matrix of the model into ``tp`` slices, one per process of a
 *TP group*: each process stores and multiplies only its slice, and the processes exchange activations
@@ -10,12 +10,14 @@ Run it:
     python tp_balises.py                                     # 1 process (tp = 1): the reference
     torchrun --nproc_per_node 2 tp_balises.py --layouts 2x1  # tp = 2 (gloo on CPU, nccl on GPUs)
     torchrun --nproc_per_node 4 tp_balises.py --layouts 4x1 2x2 --impls scratch dtensor
+    torchrun --nproc_per_node 2 tp_balises.py --sp             # plain TP vs sequence parallelism (balise 12)
     dlo.runtime.launch("tp_balises.py", [...], nproc=4)         # what the notebook does (srun under Slurm)
 
-Balises 1-11 below are yours: in ``student/tp_balises.py`` their bodies raise NotImplementedError until
+Balises 1-12 below are yours: in ``student/tp_balises.py`` their bodies raise NotImplementedError until
 you write them, and ``dlo check tp <n>`` checks balise n (``dlo check --list`` shows them all). The
 communication helpers you call (:func:`dlo.parallel.comm.all_reduce`, ``all_gather_last_dim``,
-``split_last_dim``) count every collective, so the notebook can compare your traffic with theory.
+``split_last_dim``, ``all_gather_along``, ``reduce_scatter_along``) count every collective, so the notebook can
+compare your traffic with theory.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from dlo.runtime import synchronize
 from dlo.runtime import init_distributed, teardown, write_record
 from dlo.models.llama import Llama, apply_rotary, causal_attention, lm_loss, rotary_cos_sin, token_batch
 from dlo.models.config import TransformerConfig
-from dlo.parallel.comm import COUNTER, all_gather_last_dim, all_reduce, group_rank, group_size, split_last_dim
+from dlo.parallel.comm import (COUNTER, all_gather_along, all_gather_last_dim, all_reduce, group_rank, group_size,
+                               reduce_scatter_along, split_last_dim)
 
 
 # ===================================================================================================
@@ -454,6 +457,62 @@ def reduce_over_dp(loss_sum: torch.Tensor, count: torch.Tensor, dp_group) -> flo
 
 
 # ===================================================================================================
+# Balise 12 -- sequence parallelism: the norms and residual adds on seq/tp tokens
+# ===================================================================================================
+# Between a row-parallel layer and the next column-parallel one, TP keeps the WHOLE [batch, seq, hidden]
+# activation on every rank, and every rank computes the same RMSNorm and residual add on it. Sequence
+# parallelism (SP) gives each rank seq/tp contiguous tokens there (rank r: tokens [r*s/tp, (r+1)*s/tp)):
+# g (all-reduce) becomes a reduce-scatter along the sequence, f (identity) an all-gather along the sequence.
+# Use all_gather_along(t, group, dim=1, phase=...) and reduce_scatter_along(t, group, dim=1, phase=...):
+# dim 1 is the sequence; both raise a clear ValueError when tp does not divide it.
+
+class GatherFromSequenceRegion(torch.autograd.Function):
+    """SP's "f", before a column-parallel layer: the layer needs every token, each rank holds seq/tp of them.
+    The backward: each rank's gradient of the whole sequence is a PARTIAL sum (it used its slice of the
+    weights); the gradient of this rank's tokens is the sum over the ranks, of its chunk only."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        # BEGIN SOLUTION: return all_gather_along(x, group, dim=1, phase="forward")
+        return all_gather_along(x, group, dim=1, phase="forward")
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        # BEGIN SOLUTION: return reduce_scatter_along(grad, ctx.group, dim=1, phase="backward"), None
+        return reduce_scatter_along(grad, ctx.group, dim=1, phase="backward"), None
+        # END SOLUTION
+
+
+class ReduceScatterToSequenceRegion(torch.autograd.Function):
+    """SP's "g", after a row-parallel layer: sum the ranks' partial outputs and keep this rank's tokens.
+    The backward: this rank holds the gradient of its tokens only; its partial output covered the whole
+    sequence, so it needs every rank's chunk of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        # BEGIN SOLUTION: return reduce_scatter_along(x, group, dim=1, phase="forward")
+        return reduce_scatter_along(x, group, dim=1, phase="forward")
+        # END SOLUTION
+
+    @staticmethod
+    def backward(ctx, grad):
+        # BEGIN SOLUTION: return all_gather_along(grad, ctx.group, dim=1, phase="backward"), None
+        return all_gather_along(grad, ctx.group, dim=1, phase="backward"), None
+        # END SOLUTION
+
+
+def gather_from_sequence_region(x, group=None):
+    return GatherFromSequenceRegion.apply(x, group)
+
+
+def reduce_scatter_to_sequence_region(x, group=None):
+    return ReduceScatterToSequenceRegion.apply(x, group)
+
+
+# ===================================================================================================
 # Given: gather a TP model's slices back into full tensors (to compare with the single-process model)
 # ===================================================================================================
 def split_dims(model: nn.Module) -> dict[str, int | None]:
@@ -509,6 +568,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gathered-loss", action="store_true", help="gather the logits and use F.cross_entropy")
     p.add_argument("--compare", action="store_true", help="after one step, compare with the single-process model")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--sp", action="store_true", help="instead of training: one step of plain TP and of sequence "
+                   "parallelism with your balise 12 (every process in one TP group), counted and measured")
     return p.parse_args(argv)
 
 
@@ -642,12 +703,56 @@ def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
     return record
 
 
+def run_sp(args, device) -> dict:
+    """One forward + backward of the library's TPLlama on a fixed batch, every process in one TP group: plain TP,
+    then sequence parallelism with YOUR regions (balise 12). For each: the collectives counted, the bytes autograd
+    saves inside the RMSNorms on this rank (and their formula), and the largest differences with one process."""
+    from dlo.parallel import tensor as lib
+
+    tp = group_size()
+    cfg = TransformerConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                            num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                            name="workshop Llama")
+    batch = args.global_batch
+    ids, labels = (t.to(device) for t in token_batch(batch, args.seq, cfg.vocab_size, seed=123))
+    ref = Llama(cfg, seed=0).to(device)
+    ref_loss = ref.loss(ids, labels)
+    ref_loss.backward()
+    record = {"kind": "sp", "tp": tp, "device": str(device), "batch": batch, "seq": args.seq,
+              "config": {k: getattr(args, k) for k in ("vocab", "hidden", "intermediate", "layers", "heads",
+                                                       "kv_heads", "seq", "global_batch")}}
+    for name, sp in (("TP", False), ("SP", True)):
+        model = lib.TPLlama(Llama(cfg, seed=0).to(device), sequence_parallel=sp)
+        norms = [m for n, m in model.named_modules() if n.endswith("norm")]
+        COUNTER.reset()
+        with lib.sequence_regions(gather_from_sequence_region, reduce_scatter_to_sequence_region):
+            saved = lib.saved_bytes_inside(norms, lambda: model.loss(ids, labels))
+            saved["out"].backward()
+        comm = COUNTER.rows()
+        lib.reduce_sequence_parallel_grads(model)
+        grads = lib.full_tensors(model, grads=True)
+        record[name] = {
+            "comm": comm, "norm_saved_bytes": saved["bytes"],
+            "norm_saved_bytes_theory": lib.norm_saved_bytes_theory(cfg.num_layers, batch, args.seq, cfg.hidden_size,
+                                                                   tp, sequence_parallel=sp),
+            "loss_diff": float((saved["out"].detach() - ref_loss.detach()).abs()),
+            "grad_diff": max(float((grads[n] - p.grad).abs().max()) for n, p in ref.named_parameters())}
+    if group_rank() == 0:
+        print(f"tp={tp}: norms save {record['TP']['norm_saved_bytes'] / 2**10:.1f} KiB per rank with TP, "
+              f"{record['SP']['norm_saved_bytes'] / 2**10:.1f} KiB with SP; max |grad diff| "
+              f"{max(record[k]['grad_diff'] for k in ('TP', 'SP')):.1e}", flush=True)
+    return record
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     ctx = init_distributed()
     device = _device()
     torch.manual_seed(0)
     try:
+        if args.sp:
+            write_record(run_sp(args, device))
+            return
         layouts = args.layouts or [f"{ctx.world_size}x1"]
         for layout in layouts:
             for impl in args.impls:

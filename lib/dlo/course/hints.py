@@ -427,6 +427,15 @@ HINTS: dict[tuple[str, str], Hint] = {
         "Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.",
         "Ranks of one TP group see the same data; the DP group is where data differs and must be averaged.",
         "DistributedSampler(num_replicas=dp_size, rank=dp_rank), all_reduce over the DP group."),
+    ("tp", "12"): _h(
+        "Write the two sequence-parallel regions: before a column-parallel layer, collect every rank's tokens; "
+        "after a row-parallel layer, sum the partial outputs but keep only this rank's tokens -- each with the "
+        "backward that matches, so that norms and residual adds run on seq/tp tokens per rank.",
+        "The sequence is split in tp contiguous chunks, rank r owning chunk r; the two regions are conjugate like f "
+        "and g: the gradient of a gather is a sum over the ranks kept per chunk, the gradient of a reduce-scatter is "
+        "gathered back. An all-reduce followed by a slice gives the same numbers but moves and keeps more.",
+        "torch.autograd.Function; dlo.parallel.comm.all_gather_along and reduce_scatter_along with dim=1 (the "
+        "sequence), the group, and phase='forward' or 'backward'."),
     # ---------------------------------------------------------------- context parallelism
     ("context", "merge"): _h(
         "Combine the attention of the same queries over two disjoint key sets into the attention over their union, "
@@ -453,6 +462,7 @@ HELPERS: dict[str, dict[str, tuple[str, str]]] = {
     "tp_tensor_parallel/tp_balises.py": {
         "CopyToRegion": ("tp", "1"), "ReduceFromRegion": ("tp", "1"),
         "GatherFromRegion": ("tp", "1"), "ScatterToRegion": ("tp", "1"),
+        "GatherFromSequenceRegion": ("tp", "12"), "ReduceScatterToSequenceRegion": ("tp", "12"),
     },
 }
 

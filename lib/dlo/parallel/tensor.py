@@ -35,6 +35,7 @@ after the backward (what Megatron-LM does for its sequence-parallel parameters).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -106,14 +107,31 @@ def reduce_scatter_to_sequence_region(x: torch.Tensor, group=None) -> torch.Tens
     return _ReduceScatterToSequenceRegion.apply(x, group)
 
 
+_REGIONS: dict[str, Any] = {"gather": gather_from_sequence_region, "reduce_scatter": reduce_scatter_to_sequence_region}
+
+
+@contextlib.contextmanager
+def sequence_regions(gather=None, reduce_scatter=None):
+    """Inside the block, the ``sequence_parallel=True`` layers use these two functions ``(x, group) -> tensor``
+    as their sequence all-gather and reduce-scatter regions (the workshop's balise 12 plugs its own in);
+    ``None`` keeps the library's."""
+    saved = dict(_REGIONS)
+    _REGIONS.update({k: v for k, v in (("gather", gather), ("reduce_scatter", reduce_scatter)) if v is not None})
+    try:
+        yield
+    finally:
+        _REGIONS.clear()
+        _REGIONS.update(saved)
+
+
 def _enter(x: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
     """What comes before a column-parallel layer: f (TP) or the sequence all-gather (SP)."""
-    return gather_from_sequence_region(x, group) if sequence_parallel else copy_to_region(x, group)
+    return _REGIONS["gather"](x, group) if sequence_parallel else copy_to_region(x, group)
 
 
 def _leave(x: torch.Tensor, group, sequence_parallel: bool) -> torch.Tensor:
     """What comes after a row-parallel layer: g (TP) or the sequence reduce-scatter (SP)."""
-    return reduce_scatter_to_sequence_region(x, group) if sequence_parallel else reduce_from_region(x, group)
+    return _REGIONS["reduce_scatter"](x, group) if sequence_parallel else reduce_from_region(x, group)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -581,6 +599,7 @@ def dtensor_full_tensors(model: nn.Module, *, grads: bool = False) -> dict[str, 
 
 
 __all__ = ["gather_from_sequence_region", "reduce_scatter_to_sequence_region", "reduce_sequence_parallel_grads",
+           "sequence_regions",
            "saved_bytes_inside", "norm_saved_bytes_theory", "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "ParallelSwiGLU",
            "ParallelAttention", "TPDecoderBlock", "TPLlama", "vocab_parallel_cross_entropy", "gather_split",

@@ -1,11 +1,11 @@
-"""Checkers of tp_tensor_parallel/tp_balises.py (``dlo check tp <n>``, n = 1..11).
+"""Checkers of tp_tensor_parallel/tp_balises.py (``dlo check tp <n>``, n = 1..12).
 
 Each checker first calls the student's code in this process, without a process group (tp = 1: every
 primitive is the identity, every parallel layer must equal its full layer): that catches an unfinished
 balise at once. What only shows with real peers (slices, sums over the right group, gradients, how many
 all-reduces) is then checked by ONE 4-process gloo run of :mod:`dlo.course.checks.tp_worker`, which checks all
-balises at once; its answers are cached per script content, so the eleven checks of an unchanged file
-cost one launch.
+balises at once (balise 12 also on a group of 3 of them); its answers are cached per script content, so the
+twelve checks of an unchanged file cost one launch.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _script_of(obj: Any) -> Path:
     return path
 
 
-def _peers(objs: Any, balise: str) -> None:
+def _peers(objs: Any, balise: str, where: str = "on 4 processes (tp = 2 groups)") -> None:
     """The 4-process verdict on ``balise`` for the script defining ``objs`` (one launch per script content).
     When they come from several scripts (an answer that reuses the workbook's script and redefines one of
     them), the one that is not the workbook's is checked."""
@@ -69,7 +69,7 @@ def _peers(objs: Any, balise: str) -> None:
     verdict = _CACHE[key].get(balise, "no answer from the 4-process run")
     if "NotImplementedError" in verdict:
         raise NotImplementedError(verdict.split("NotImplementedError:", 1)[-1].strip())
-    expect(verdict == "ok", f"on 4 processes (tp = 2 groups): {verdict.replace('Bad: ', '')}")
+    expect(verdict == "ok", f"{where}: {verdict.replace('Bad: ', '')}")
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
@@ -276,3 +276,19 @@ def _check_11(dp_loader: Callable, average_gradients: Callable, reduce_over_dp: 
     expect(abs(float(got) - 0.75) < 1e-9, f"one process: loss_sum / count = 0.75, got {got}")
     _peers((average_gradients, reduce_over_dp, dp_loader), "11")
     return "data sharded by DP rank, gradients and metrics averaged over the DP group only"
+
+
+@register("tp", "12", ("gather_from_sequence_region", "reduce_scatter_to_sequence_region"), SCRIPT)
+def _check_12(gather_from_sequence_region: Callable, reduce_scatter_to_sequence_region: Callable) -> str:
+    for name, fn in (("gather_from_sequence_region", gather_from_sequence_region),
+                     ("reduce_scatter_to_sequence_region", reduce_scatter_to_sequence_region)):
+        x = _x(2, 6, 5, seed=2).requires_grad_()
+        y = fn(x, None)
+        expect(isinstance(y, torch.Tensor) and torch.equal(y, x), f"{name}: with one process, the forward is the identity")
+        (y * 3).sum().backward()
+        expect(x.grad is not None and torch.equal(x.grad, torch.full_like(x, 3.0)),
+               f"{name}: with one process, the backward passes the gradient through unchanged")
+    _peers((gather_from_sequence_region, reduce_scatter_to_sequence_region), "12",
+           "on 4 processes (TP groups of 2, then one of 3)")
+    return ("sequence all-gather / reduce-scatter, conjugate backwards, right chunks at tp 2 and 3, bytes of TP; "
+            "the SP Llama equals one process")

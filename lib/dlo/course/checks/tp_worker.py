@@ -4,7 +4,9 @@ balise that needs real peers, in one run (process start-up is the expensive part
 Usage (through dlo.runtime.launch.launch, nproc=4): ``tp_worker.py SCRIPT``. The worker builds its own TP
 groups {0,1} {2,3} and DP groups {0,2} {1,3} with ``dist.new_group`` so that balises 1-8 are checked at
 tp = 2 whatever balises 9-10 do; any collective that ignores its group (sums over 4 ranks instead of 2)
-shows up as a wrong number. Each rank writes one record ``{"results": {"1": "ok" | "Type: message", ...}}``.
+shows up as a wrong number. Balise 12 (sequence parallelism, rank-dependent chunks) is also checked on a
+group of 3 ranks {0, 1, 2} (rank 3 only joins the verdicts), so that a chunk order or a split that only works
+for 2 ranks shows. Each rank writes one record ``{"results": {"1": "ok" | "Type: message", ...}}``.
 """
 import contextlib
 import sys
@@ -22,6 +24,7 @@ from dlo.runtime.records import write_record
 from dlo.models.llama import Attention, Llama, SwiGLU, token_batch
 from dlo.models.config import TransformerConfig
 from dlo.parallel import comm
+from dlo.parallel import tensor as lib
 from dlo.models.llama import rotary_cos_sin
 
 TP = 2
@@ -483,6 +486,166 @@ def check_11(ns, g):
            f"(sums over the DP group only), got {metric}" + hint)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Balise 12: sequence parallelism
+# ----------------------------------------------------------------------------------------------------
+SP_CFG = TransformerConfig(vocab_size=96, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=12,
+                           num_kv_heads=6)  # every split divides by 2 and by 3
+CHUNK, HIDDEN = 3, 5  # tokens per rank, hidden size: batch 2, seq 3·tp, hidden 5 -- three different sizes
+
+
+def _agree(problem, group):
+    """Every rank of ``group`` learns whether one of them found a problem (so that they stop together and no
+    rank waits in a collective its peers skipped)."""
+    flag = torch.tensor([0.0 if problem is None else 1.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return (problem or "a peer of this rank found a problem") if flag.item() > 0 else None
+
+
+def _first_line(exc):
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:150] if str(exc).strip() else ''}"
+
+
+def _sp_stages(ns, group, tp, r):
+    """The checks of balise 12 on one TP group of ``tp`` ranks (this rank is ``r``), in order; each returns None or
+    what is wrong."""
+    gather, scatter = ns["gather_from_sequence_region"], ns["reduce_scatter_to_sequence_region"]
+    chunk = slice(r * CHUNK, (r + 1) * CHUNK)
+    st = {}
+
+    def counts_are(op, phase, what):
+        if comm.COUNTER.calls(op, phase) == 1 and comm.COUNTER.calls() == 1:
+            return None
+        if comm.COUNTER.calls("all_reduce"):
+            return (f"{what}: counted {counted()} -- an all-reduce of the whole tensor then a chunk gives the right "
+                    f"numbers but moves tp x more than needed and keeps the full tensor: use "
+                    f"{'reduce_scatter_along' if op == 'reduce_scatter' else 'all_gather_along'} (phase='{phase}')")
+        return f"{what}: expected exactly one {op} (phase='{phase}'), counted {counted()}"
+
+    def gather_forward():
+        parts = [seeded(2, CHUNK, HIDDEN, seed=100 + k) for k in range(tp)]
+        st["x"] = parts[r].clone().requires_grad_()
+        comm.COUNTER.reset()
+        st["y"] = y = gather(st["x"], group)
+        want = torch.cat(parts, dim=1)
+        shape = tuple(y.shape)
+        name = "gather_from_sequence_region forward"
+        if shape == (2, CHUNK, HIDDEN * tp):
+            return f"{name} gathered along the last dim (hidden): gather along the sequence, dim 1"
+        if shape == (2 * tp, CHUNK, HIDDEN):
+            return f"{name} gathered along the batch (dim 0): gather along the sequence, dim 1"
+        if shape == (2, CHUNK * 4, HIDDEN) and tp == 2:
+            return f"{name} gathered the tokens of every rank (4), not of the TP group: pass the group"
+        if shape != tuple(want.shape):
+            return f"{name}: shape {shape}, expected {tuple(want.shape)} (the ranks' chunks of the sequence, dim 1)"
+        if not close(y, want):
+            flipped = torch.cat(parts[::-1], dim=1)
+            return (f"{name}: the chunks are not in rank order: rank k's tokens go to positions [k*s/tp, (k+1)*s/tp)"
+                    if close(y, flipped) else f"{name}: values differ from the ranks' chunks concatenated along dim 1")
+        return counts_are("all_gather", "forward", name)
+
+    def gather_backward():
+        ws = [seeded(2, CHUNK * tp, HIDDEN, seed=200 + k) for k in range(tp)]  # a different upstream on each rank
+        comm.COUNTER.reset()
+        (st["y"] * ws[r]).sum().backward()
+        want = sum(w[:, chunk] for w in ws)
+        got, name = st["x"].grad, "gather_from_sequence_region backward"
+        if got is None or got.shape != want.shape:
+            return f"{name}: gradient of shape {None if got is None else tuple(got.shape)}, expected {tuple(want.shape)}"
+        if not close(got, want):
+            if close(got, ws[r][:, chunk]):
+                return (f"{name} keeps this rank's chunk of its own gradient: each rank's gradient of the gathered "
+                        "tensor is a partial sum, so sum them over the group and keep this rank's chunk (reduce-scatter)")
+            return f"{name}: wrong gradient of this rank's tokens" + sum_hint(got, want)
+        return counts_are("reduce_scatter", "backward", name)
+
+    def scatter_forward():
+        parts = [seeded(2, CHUNK * tp, HIDDEN, seed=300 + k) for k in range(tp)]
+        st["xp"] = parts[r].clone().requires_grad_()
+        comm.COUNTER.reset()
+        st["z"] = z = scatter(st["xp"], group)
+        total, name = sum(parts), "reduce_scatter_to_sequence_region forward"
+        want = total[:, chunk]
+        if tuple(z.shape) == tuple(total.shape) and close(z, total):
+            return (f"{name} returns the whole sum: keep only this rank's chunk of the sequence (a reduce-scatter, "
+                    "not an all-reduce)")
+        if tuple(z.shape) != tuple(want.shape):
+            return f"{name}: shape {tuple(z.shape)}, expected {tuple(want.shape)} (this rank's seq/tp tokens, dim 1)"
+        if not close(z, want):
+            other = next((k for k in range(tp) if k != r and close(z, total[:, k * CHUNK:(k + 1) * CHUNK])), None)
+            if other is not None:
+                return (f"{name}: rank {r} of the group got the tokens of chunk {other}: rank r keeps chunk r, "
+                        "[r*s/tp, (r+1)*s/tp) (its rank in the group)")
+            if close(z, total[:, r::tp]):
+                return (f"{name}: rank {r} kept one token in {tp} (a strided split): keep the contiguous chunk "
+                        "[r*s/tp, (r+1)*s/tp), the order in which the all-gather puts the chunks back")
+            if close(z, parts[r][:, chunk]):
+                return f"{name} keeps this rank's chunk of its own partial output: sum over the group first"
+            return f"{name}: values differ from the sum's chunk" + sum_hint(z, want)
+        return counts_are("reduce_scatter", "forward", name)
+
+    def scatter_backward():
+        gs = [seeded(2, CHUNK, HIDDEN, seed=400 + k) for k in range(tp)]
+        comm.COUNTER.reset()
+        name = "reduce_scatter_to_sequence_region backward"
+        try:
+            (st["z"] * gs[r]).sum().backward()
+        except RuntimeError as exc:
+            return (f"{name} returned a gradient of the wrong shape ({_first_line(exc)[:90]}): the input covered the "
+                    "whole sequence, so all-gather the gradient along the sequence (dim 1)")
+        want, got = torch.cat(gs, dim=1), st["xp"].grad
+        if not close(got, want):
+            return f"{name}: wrong gradient: every rank's chunk of the gradient, all-gathered along dim 1 in rank order"
+        return counts_are("all_gather", "backward", name)
+
+    def not_divisible():
+        xs = seeded(2, CHUNK * tp + 1, HIDDEN, seed=500)
+        try:
+            z = scatter(xs, group)
+        except ValueError:
+            return None
+        return (f"reduce_scatter_to_sequence_region of {CHUNK * tp + 1} tokens over {tp} ranks returned shape "
+                f"{tuple(z.shape)}: tp must divide the sequence -- raise a ValueError (reduce_scatter_along does)")
+
+    def whole_model():
+        ids, labels = token_batch(2, 12, SP_CFG.vocab_size, seed=4)
+        ref = Llama(SP_CFG, seed=0)
+        ref_loss = ref.loss(ids, labels)
+        ref_loss.backward()
+        model = lib.TPLlama(Llama(SP_CFG, seed=0), group, sequence_parallel=True)
+        comm.COUNTER.reset()
+        with lib.sequence_regions(gather, scatter):
+            loss = model.loss(ids, labels)
+            loss.backward()
+        if comm.COUNTER.calls("all_reduce", "backward") or comm.COUNTER.calls("all_reduce", "forward") != 1:
+            return f"TPLlama(sequence_parallel=True) with your regions: counted {counted()}: no activation all-reduce"
+        lib.reduce_sequence_parallel_grads(model, group)
+        grads = lib.full_tensors(model, group, grads=True)
+        if abs(float(loss) - float(ref_loss)) > 1e-5:
+            return f"TPLlama(sequence_parallel=True) with your regions: loss {float(loss):.6f} != {float(ref_loss):.6f}"
+        bad = [n for n, p in ref.named_parameters() if not close(grads[n], p.grad)]
+        return f"TPLlama(sequence_parallel=True) with your regions: gradients of {bad[:3]} differ" if bad else None
+
+    return [gather_forward, gather_backward, scatter_forward, scatter_backward, not_divisible, whole_model]
+
+
+def check_12(ns, g):
+    for tp, group, r in ((TP, g["tp_group"], g["tp_rank"]), (3, g["tp3_group"], g["tp3_rank"])):
+        problem = None
+        if r is not None:  # rank 3 is outside the group of 3: it only joins the verdict
+            for stage in _sp_stages(ns, group, tp, r):
+                try:
+                    found = stage()
+                except NotImplementedError:
+                    raise
+                except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+                    found = f"{stage.__name__}: {_first_line(exc)}"
+                problem = _agree(found, group)
+                if problem:
+                    break
+        expect(problem is None, f"tp={tp}: {problem}")
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     ctx = init_distributed(backend="gloo", device="cpu", timeout_s=60)
@@ -500,7 +663,9 @@ if __name__ == "__main__":
             if rank in ranks:
                 groups["dp_group"] = grp
         groups.update(tp_rank=rank % 2, dp_rank=rank // 2)
-        for n in range(1, 12):
+        grp = dist.new_group([0, 1, 2])  # balise 12 at tp = 3
+        groups.update(tp3_group=grp if rank < 3 else None, tp3_rank=rank if rank < 3 else None)
+        for n in range(1, 13):
             try:
                 globals()[f"check_{n}"](ns, groups)
                 expect(True, "another rank failed this check")  # every rank leaves the check together
