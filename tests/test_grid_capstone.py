@@ -12,7 +12,9 @@ The single-process reference is computed here from the worker's own model and ba
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,34 @@ def test_layouts_are_refused_in_one_line_before_launch():
     ids, labels = W.make_batch(W.parse_args([]))
     assert torch.equal(torch.cat([replica_batch((ids, labels), 4, d)[0] for d in range(4)]), ids)
 
+
+
+def _profile(name: str) -> dict:
+    """A profile of grid.ipynb, read from its PROFILES cell (all but nproc, the GPU count)."""
+    nb = json.loads((WORKER.parent / "grid.ipynb").read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "PROFILES = {" in src:
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Dict) and any(getattr(k, "value", None) == name for k in node.keys):
+                    call = node.values[[k.value for k in node.keys].index(name)]
+                    return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg != "nproc"}
+    raise AssertionError(f"no PROFILES cell with a {name!r} profile in grid.ipynb")
+
+
+@pytest.mark.parametrize("name, world", [("smoke", 8), ("full", 8), ("full", 4)])
+def test_notebook_layouts_are_checked_before_launch(name, world):
+    """Every layout of the notebook's profiles runs on 8 processes (the smoke profile's CPU processes, the full
+    profile's 8 GPUs) and is refused in one line elsewhere, with the worker's own argument parser and checks."""
+    S = _profile(name)
+    argv = [str(a) for a in ("--layers", S["layers"], "--hidden", S["hidden"], "--heads", S["heads"], "--kv-heads",
+                             S["kv_heads"], "--intermediate", S["intermediate"], "--vocab", S["vocab"], "--seq",
+                             S["seq"], "--batch", S["batch"], "--micro-batches", S["micro_batches"])]
+    cfg = W.make_config(W.parse_args(argv))
+    assert len(S["layouts"]) >= 2
+    for layout in S["layouts"]:
+        reason = why_invalid(cfg, world_size=world, batch=S["batch"], micro_batches=S["micro_batches"], **layout)
+        if world == 8:
+            assert reason is None, f"{layout}: {reason}"
+        else:
+            assert reason and "\n" not in reason and f"the world size is {world}" in reason
