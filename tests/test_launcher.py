@@ -53,9 +53,9 @@ def test_launch_failure_names_the_rank_that_failed_first(tmp_path, capsys):
 @distributed
 def test_launch_timeout_stops_the_run(tmp_path):
     with pytest.raises(LaunchError) as err:
-        launch(SCRIPTS / "hang.py", nproc=2, records_dir=tmp_path, timeout_s=10, use_srun=False, echo=False)
+        launch(SCRIPTS / "hang.py", nproc=2, records_dir=tmp_path, timeout_s=20, use_srun=False, echo=False)
     exc = err.value
-    assert exc.timed_out and "timed out after 10 s" in str(exc) and "\n" not in str(exc)
+    assert exc.timed_out and "timed out after 20 s" in str(exc) and "\n" not in str(exc)
     assert exc.last_line == "started, now sleeping" and "] started, now sleeping" in str(exc)
 
 
@@ -118,3 +118,45 @@ def test_launch_with_srun_missing_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun here
     with pytest.raises(RuntimeError, match=re.escape("cannot start 'srun'")):
         launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path / "r", use_srun=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# launch_forked: ranks forked from a server that has already imported torch (checkers, tests)
+# --------------------------------------------------------------------------------------------------
+
+@distributed
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_forked_ranks_run_the_script_as_main_with_torch_already_imported(nproc, monkeypatch):
+    from dlo.runtime.launch import launch_forked
+
+    monkeypatch.setenv("RANK", "7")  # the caller's own rank variables must not leak into the ranks
+    records = launch_forked(SCRIPTS / "forked_probe.py", ["--flag", "x y"], nproc=nproc, timeout_s=120,
+                            env={"DLO_PROBE": "seen", "OMP_NUM_THREADS": "1"})
+    assert [r["rank"] for r in records] == list(range(nproc))
+    assert {r["sum"] for r in records} == {nproc * (nproc + 1) / 2}
+    assert all(r["preloaded"] and r["threads"] == 1 and r["main"] == "__main__" for r in records)
+    assert all(r["argv"] == ["--flag", "x y"] and r["probe"] == "seen" for r in records)
+
+
+@distributed
+def test_forked_failure_names_the_rank_that_failed_first():
+    from dlo.runtime.launch import launch_forked
+
+    with pytest.raises(LaunchError) as err:
+        launch_forked(SCRIPTS / "fail_rank1.py", nproc=2, timeout_s=90)  # rank 0 blocks in an all-reduce
+    exc = err.value
+    assert "\n" not in str(exc) and str(exc).startswith("rank 1 of fail_rank1.py failed with exit code 1: ValueError: boom")
+    assert (exc.rank, exc.exit_code, exc.last_line, exc.timed_out) == (1, 1, "ValueError: boom", False)
+    assert "[rank1] ValueError: boom" in exc.log.splitlines()
+
+
+@distributed
+def test_forked_exit_code_and_timeout_are_reported():
+    from dlo.runtime.launch import launch_forked
+
+    with pytest.raises(LaunchError) as err:
+        launch_forked(SCRIPTS / "forked_probe.py", ["--exit-code", "3"], nproc=2, timeout_s=120)
+    assert (err.value.rank, err.value.exit_code) == (1, 3)
+    with pytest.raises(LaunchError) as err:
+        launch_forked(SCRIPTS / "hang.py", nproc=2, timeout_s=15)
+    assert err.value.timed_out and err.value.last_line == "started, now sleeping" and "timed out after 15 s" in str(err.value)

@@ -233,6 +233,35 @@ def expand_runs(args: Any, runs_json: str | None) -> list[tuple[str, Any]]:
     return out
 
 
+def _records_folder(script_path: Path, records_dir: str | os.PathLike | None) -> Path:
+    """``records_dir`` (which must hold no records yet), or a fresh ``runs/launch/<script>-<time>-*`` folder."""
+    if records_dir is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return Path(tempfile.mkdtemp(prefix=f"{script_path.stem}-{stamp}-", dir=run_dir("launch")))
+    folder = Path(records_dir).expanduser().resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    if any(_RECORD_FILE.match(p.name) for p in folder.iterdir()):
+        raise ValueError(
+            f"records folder {folder} already holds rank*.jsonl from an earlier run: "
+            "pass an empty folder or records_dir=None"
+        )
+    return folder
+
+
+def _child_env(env: Mapping[str, str | None] | None, folder: Path) -> dict[str, str]:
+    """The ranks' environment: the caller's without its rank variables (each rank gets its own from the
+    launcher, never from the caller, which may itself be a rank), plus ``env`` (None removes a variable)."""
+    child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(str(key), None)
+        else:
+            child_env[str(key)] = str(value)
+    child_env[RECORDS_ENV] = str(folder)
+    child_env["PYTHONUNBUFFERED"] = "1"
+    return child_env
+
+
 def launch(
     script: str | os.PathLike,
     args: Sequence[str] = (),
@@ -270,28 +299,8 @@ def launch(
     if timeout_s is not None and timeout_s <= 0:
         raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
 
-    if records_dir is None:
-
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        folder = Path(tempfile.mkdtemp(prefix=f"{script_path.stem}-{stamp}-", dir=run_dir("launch")))
-    else:
-        folder = Path(records_dir).expanduser().resolve()
-        folder.mkdir(parents=True, exist_ok=True)
-        if any(_RECORD_FILE.match(p.name) for p in folder.iterdir()):
-            raise ValueError(
-                f"records folder {folder} already holds rank*.jsonl from an earlier run: "
-                "pass an empty folder or records_dir=None"
-            )
-
-    # The ranks get their numbers from torchrun / srun, never from the caller (which may itself be a rank).
-    child_env = {k: v for k, v in os.environ.items() if k not in _RANK_VARS}
-    for key, value in (env or {}).items():
-        if value is None:
-            child_env.pop(str(key), None)
-        else:
-            child_env[str(key)] = str(value)
-    child_env[RECORDS_ENV] = str(folder)
-    child_env["PYTHONUNBUFFERED"] = "1"
+    folder = _records_folder(script_path, records_dir)
+    child_env = _child_env(env, folder)
     srun = use_srun if use_srun is not None else bool(child_env.get("SLURM_JOB_ID"))
     if srun:
         job_tasks = child_env.get("SLURM_NTASKS", "").strip()
@@ -411,3 +420,175 @@ def launch(
         f"{who} of {name} failed with exit code {code}: {last or '(no output)'} ({where})",
         rank=rank, exit_code=code, last_line=last, log=log, command=command, records_dir=folder,
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forked launcher: many short runs of a script that imports torch (checkers, tests)
+# ----------------------------------------------------------------------------------------------------
+
+#: A rank that fails leaves this long for the others to finish writing (records, failure notes) before
+#: they are stopped: a peer blocked in a collective with the failed rank would otherwise wait for its timeout.
+FORKED_GRACE_S = 3.0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _forked_rank(script: str, args: list[str], env: dict[str, str], log_path: str) -> None:
+    """One rank, in a process forked from the server: run ``script`` as ``python script args`` would."""
+    import runpy
+    import traceback
+
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    if "torch" in sys.modules:  # imported by the server before OMP_NUM_THREADS was this rank's
+        sys.modules["torch"].set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1") or 1)))
+    sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).parent))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            if not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+    except BaseException:  # noqa: BLE001 - reported as `python script` would, then a failing exit code
+        try:
+            sys.excepthook(*sys.exc_info())  # dlo's hook notes the time for the blame, then prints the traceback
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(0)  # no atexit handlers inherited from the server
+
+
+def launch_forked(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    nproc: int = 2,
+    *,
+    env: Mapping[str, str | None] | None = None,
+    timeout_s: float | None = None,
+    preload: Sequence[str] = ("torch", "torch.distributed"),
+) -> list[dict]:
+    """Run ``script`` on ``nproc`` local processes like :func:`launch` does with torchrun, but start each
+    rank by forking a server process that has already imported ``preload``, and return their records.
+
+    Why: a rank that starts Python and imports torch spends seconds before its first line of work, and
+    torchrun itself is one more such process. A checker or a test that runs a script on 2-4 processes
+    dozens of times pays that start-up every time; forked ranks pay it once (``multiprocessing``'s
+    ``forkserver``: the server never runs a torch operation, so no thread pool is copied into a fork).
+
+    Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` =
+    127.0.0.1 and a free ``MASTER_PORT``, the caller's environment (without its rank variables) plus
+    ``env``, and runs ``script`` as ``__main__`` with ``sys.argv = [script, *args]``. Its output goes to
+    ``<records_dir>/rank<r>.log``. A failure raises :class:`LaunchError` like :func:`launch` (the rank that
+    failed first and its last meaningful line); once one rank fails, the others get
+    :data:`FORKED_GRACE_S` seconds to finish, then are killed. Local only: use :func:`launch` for
+    torchrun's elastic agent, for srun under Slurm, or for live output in a notebook.
+    """
+    import multiprocessing
+    from multiprocessing.connection import wait as wait_for
+
+    nproc = _check_nproc(nproc)
+    args = _check_args(args)
+    script_path = Path(script).expanduser().resolve()
+    if not script_path.is_file():
+        raise ValueError(f"script {script} does not exist (resolved to {script_path}): check the path")
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: torchrun it is
+        return launch(script_path, args, nproc, env=env, timeout_s=timeout_s, use_srun=False, echo=False)
+
+    folder = _records_folder(script_path, None)
+    base_env = _child_env(env, folder)
+    base_env.setdefault("OMP_NUM_THREADS", str(max(1, _usable_cpus() // nproc)))
+    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
+                    LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))  # applies when the server starts (the first launch)
+    logs = [folder / f"rank{rank}.log" for rank in range(nproc)]
+    procs = [ctx.Process(target=_forked_rank, name=f"{script_path.stem}-rank{rank}",
+                         args=(str(script_path), args, {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                               str(logs[rank])))
+             for rank in range(nproc)]
+    started = time.time()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    first_failure_at, timed_out = None, False
+    try:
+        for proc in procs:
+            proc.start()
+        while any(p.exitcode is None for p in procs):
+            wait_for([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
+            now = time.monotonic()
+            if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                first_failure_at = now
+            if deadline is not None and now > deadline:
+                timed_out = True
+            if timed_out or (first_failure_at is not None and now - first_failure_at > FORKED_GRACE_S):
+                break
+    finally:  # a failure, a timeout, or the caller interrupted: no rank is left behind
+        for proc in procs:
+            if proc.exitcode is None and proc.pid is not None:
+                proc.kill()
+        for proc in procs:
+            if proc.pid is not None:
+                proc.join(timeout=10)
+        codes = {rank: proc.exitcode for rank, proc in enumerate(procs)}
+        for proc in procs:
+            if proc.pid is not None and proc.exitcode is not None:
+                proc.close()
+    # torch.distributed already prefixes uncaught-exception lines with "[rank1]: ": keep one prefix, as launch()
+    per_rank = {rank: [line[len(f"[rank{rank}]:"):].removeprefix(" ") if line.startswith(f"[rank{rank}]:") else line
+                       for line in _read_lines(path)] for rank, path in enumerate(logs)}
+    log = "\n".join(f"[rank{rank}] {line}" for rank, lines in per_rank.items() for line in lines)
+    (folder / "launch.log").write_text(log + "\n", encoding="utf-8")
+    if not timed_out and all(c == 0 for c in codes.values()):
+        return read_records(folder)
+
+    name, where = script_path.name, f"full log: {folder / 'launch.log'}"
+    command = [sys.executable, str(script_path), *args]
+    if timed_out:
+        alive = [r for r, c in codes.items() if c is None or c < 0]
+        rank = alive[0] if alive else None
+        last = _last_meaningful(per_rank.get(rank, [])) if rank is not None else ""
+        raise LaunchError(f"{name} on {nproc} processes timed out after {timeout_s:g} s and was stopped; last output: "
+                          f"[rank{rank}] {last or '(no output)'} ({where})",
+                          rank=rank, last_line=last, log=log, command=command, records_dir=folder, timed_out=True)
+    notes = []
+    for path in (folder / _FAILURES_SUBDIR).glob("rank*.json"):
+        with contextlib.suppress(ValueError, OSError):
+            note = json.loads(path.read_text(encoding="utf-8"))
+            if note.get("time", 0) >= started:
+                notes.append(note)
+    if notes:
+        first = min(notes, key=lambda n: n["time"])
+        rank, last = int(first["rank"]), str(first["exception"])
+    else:  # the lowest rank that exited with an error; ranks killed by us only if nothing else failed
+        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        rank = min([r for r in failed if codes[r] > 0] or failed)
+        last = _last_meaningful(per_rank.get(rank, []))
+    raise LaunchError(f"rank {rank} of {name} failed with exit code {codes.get(rank)}: {last or '(no output)'} ({where})",
+                      rank=rank, exit_code=codes.get(rank), last_line=last, log=log, command=command,
+                      records_dir=folder)
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 
 from dlo.course.exercises import load_exercises
-from dlo.runtime.launch import LaunchError, launch
+from dlo.runtime.launch import LaunchError, launch_forked
 from dlo.runtime.paths import ROOT
 from dlo.runtime.records import read_records
 
@@ -125,23 +125,30 @@ def check_notebook(course: str, step: str, notebook: str | os.PathLike | None = 
 # The other courses' checkers (``checks_*.py`` modules next to this one) register themselves on import.
 
 
-#: Launch failures that say the processes could not connect (a busy machine), not that an answer is wrong.
-_CONNECT_ERRORS = ("connectFullMesh", "Connection reset")
+#: Launch failures that say the processes could not connect (a busy machine, a port taken between its
+#: choice and its use), not that an answer is wrong.
+_CONNECT_ERRORS = ("connectFullMesh", "Connection reset", "EADDRINUSE", "Address already in use")
+
+#: What every checker's worker imports, loaded once in the server its ranks are forked from.
+_WORKER_PRELOAD = ("torch", "torch.distributed", "torch.distributed.checkpoint", "dlo", "dlo.runtime.distributed",
+                   "dlo.runtime.records", "dlo.course.exercises", "dlo.models.llama", "dlo.parallel.comm",
+                   "dlo.parallel.fsdp", "dlo.course.dp_scratch_cases")
 
 
 def peer_records(worker: str | os.PathLike, args: list[str], nproc: int, *, timeout_s: float = 600) -> list[dict]:
     """Run a checker's ``worker`` script on ``nproc`` gloo processes and return every rank's record, by rank.
 
-    What a multi-process checker needs from a launch, in one place: one thread per process
-    (``OMP_NUM_THREADS=1``), no srun, a retry when the processes could not even connect (a busy machine, not
+    What a multi-process checker needs from a launch, in one place: ranks forked from a process that has
+    already imported torch (:func:`dlo.runtime.launch.launch_forked`: a check starts in a fraction of a
+    second instead of seconds per rank), one thread per process (``OMP_NUM_THREADS=1``), no srun, a retry when the processes could not even connect (a busy machine, not
     the answer's fault), and a run in which every rank answered before one of them failed to leave (a gloo
     thread dying at exit under load) still read, since the answers are what is checked. Anything else is a
     :class:`CheckFailed` with the failing rank's last line.
     """
     for attempt in (1, 2):
         try:
-            records = launch(worker, args, nproc=nproc, timeout_s=timeout_s, echo=False,
-                             env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+            records = launch_forked(worker, args, nproc=nproc, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"},
+                                    preload=_WORKER_PRELOAD)
             return sorted(records, key=lambda r: r["rank"])
         except LaunchError as exc:
             if attempt == 1 and any(s in str(exc.last_line) for s in _CONNECT_ERRORS):
