@@ -159,3 +159,24 @@ def test_comm_theory_of_sequence_parallelism():
     assert comm_theory(3, sequence_parallel=True, vocab_parallel_loss=False)[("all_gather", "forward")] == 8
     assert comm_theory(3) == {("all_reduce", "forward"): 8, ("all_reduce", "backward"): 7,
                               ("all_reduce_max", "forward"): 1}  # unchanged
+
+
+def test_sentences_are_written_from_the_numbers():
+    from dlo.parallel.tensor import sp_comm_sentence, sp_memory_sentence
+
+    assert sp_memory_sentence(2, 4096, 2048, 2048).endswith("exactly 1/2, the formula's number to the byte.")
+    assert "1.60x less, not the 2x" in sp_memory_sentence(2, 4096, 2560)
+    assert sp_memory_sentence(2, 4096, 4096).endswith("no saving.")
+    tp_rows = [{"op": "all_reduce", "phase": "forward", "calls": 6, "bytes": 5 * 1024 + 64},
+               {"op": "all_reduce", "phase": "backward", "calls": 5, "bytes": 5 * 1024},
+               {"op": "all_reduce", "phase": "sp_grads", "calls": 1, "bytes": 999}]
+    sp_rows = [{"op": "all_reduce", "phase": "forward", "calls": 1, "bytes": 64},
+               {"op": "reduce_scatter", "phase": "forward", "calls": 5, "bytes": 5 * 1024},
+               {"op": "reduce_scatter", "phase": "backward", "calls": 5, "bytes": 5 * 1024},
+               {"op": "all_gather", "phase": "forward", "calls": 5, "bytes": 5 * 1024},
+               {"op": "all_gather", "phase": "backward", "calls": 5, "bytes": 5 * 1024}]
+    said = sp_comm_sentence(2, tp_rows, sp_rows)
+    assert "plain TP ran 10 all-reduces of activations" in said and "10 reduce-scatters and 10 all-gathers" in said
+    assert "exactly twice, that is the same traffic" in said
+    sp_rows[1]["bytes"] *= 2
+    assert "2.50x the all-reduced bytes, not the 2x" in sp_comm_sentence(2, tp_rows, sp_rows)

@@ -485,7 +485,51 @@ def norm_saved_bytes_theory(num_layers: int, batch: int, seq: int, hidden: int, 
     return (2 * num_layers + 1) * per_norm
 
 
+def _kib(n: float) -> str:
+    return f"{n / 2**10:,.1f} KiB"
 
+
+def sp_memory_sentence(tp: int, tp_bytes: int, sp_bytes: int, formula_sp_bytes: int | None = None) -> str:
+    """One sentence on the norms' saved bytes of one rank, plain TP against SP, written from the measured numbers
+    (and the formula's, when given)."""
+    head = (f"At tp={tp}, the norms of one rank keep {_kib(sp_bytes)} for the backward with sequence parallelism "
+            f"against {_kib(tp_bytes)} with plain TP")
+    if sp_bytes >= tp_bytes:
+        return f"{head}: no saving."
+    if sp_bytes * tp == tp_bytes:
+        how = f"exactly 1/{tp}"
+    else:
+        how = f"{tp_bytes / sp_bytes:.2f}x less, not the {tp}x that splitting the sequence in {tp} would give"
+    if formula_sp_bytes is not None:
+        how += (", the formula's number to the byte" if formula_sp_bytes == sp_bytes
+                else f" (the formula says {_kib(formula_sp_bytes)})")
+    return f"{head}: {how}."
+
+
+def sp_comm_sentence(tp: int, tp_rows: list[dict[str, Any]], sp_rows: list[dict[str, Any]]) -> str:
+    """One sentence on the collectives of one step, plain TP against SP (rows of ``COUNTER.rows()``, phases
+    forward and backward), written from the counts: the loss's all-reduces are in both and cancel out."""
+    def total(rows, op, what):
+        return sum(r[what] for r in rows if r["op"] == op and r["phase"] in ("forward", "backward"))
+
+    ar_calls = total(tp_rows, "all_reduce", "calls") - total(sp_rows, "all_reduce", "calls")
+    ar_bytes = total(tp_rows, "all_reduce", "bytes") - total(sp_rows, "all_reduce", "bytes")
+    rs, ag = total(sp_rows, "reduce_scatter", "calls"), total(sp_rows, "all_gather", "calls")
+    sp_bytes = total(sp_rows, "reduce_scatter", "bytes") + total(sp_rows, "all_gather", "bytes")
+    sp_ar = total(sp_rows, "all_reduce", "calls")
+    head = (f"At tp={tp}, one step of plain TP ran {ar_calls} all-reduces of activations ({ar_bytes / 2**20:.2f} MiB); "
+            f"sequence parallelism ran {rs} reduce-scatters and {ag} all-gathers instead "
+            f"({sp_bytes / 2**20:.2f} MiB, each counted as the full tensor)")
+    extra = "" if sp_ar == total(tp_rows, "all_reduce", "calls") - ar_calls else "; some all-reduces remained"
+    if ar_bytes and sp_bytes == 2 * ar_bytes:
+        return (f"{head}: exactly twice, that is the same traffic, since a ring all-reduce is a reduce-scatter "
+                f"followed by an all-gather{extra}.")
+    ratio = sp_bytes / ar_bytes if ar_bytes else float("inf")
+    return f"{head}: {ratio:.2f}x the all-reduced bytes, not the 2x of the same traffic{extra}."
+
+
+# ----------------------------------------------------------------------------------------------------
+# Process groups for TP x DP
 # ----------------------------------------------------------------------------------------------------
 
 def tp_group_ranks(world_size: int, tp: int) -> list[list[int]]:
@@ -600,7 +644,8 @@ def dtensor_full_tensors(model: nn.Module, *, grads: bool = False) -> dict[str, 
 
 __all__ = ["gather_from_sequence_region", "reduce_scatter_to_sequence_region", "reduce_sequence_parallel_grads",
            "sequence_regions",
-           "saved_bytes_inside", "norm_saved_bytes_theory", "ColumnParallelLinear", "RowParallelLinear",
+           "saved_bytes_inside", "norm_saved_bytes_theory", "sp_memory_sentence", "sp_comm_sentence",
+           "ColumnParallelLinear", "RowParallelLinear",
            "VocabParallelEmbedding", "ParallelSwiGLU",
            "ParallelAttention", "TPDecoderBlock", "TPLlama", "vocab_parallel_cross_entropy", "gather_split",
            "full_tensors", "comm_theory", "tp_group_ranks", "dp_group_ranks", "tp_dp_groups",
