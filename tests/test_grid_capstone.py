@@ -114,7 +114,8 @@ def test_comm_per_axis_equals_theory(layout):
 @distributed
 def test_schedules_keep_their_promises_on_the_grid(layout):
     """The pipeline schedule runs on every (dp, tp) coordinate: 1F1B keeps at most pp - stage micro-batches
-    alive, AFAB all of them; every rank holds the chunks of its pp coordinate."""
+    alive, AFAB all of them; every rank holds the chunks of its pp coordinate and exchanges with the ranks of
+    its Grid pp group only (4 ranks apart when tp=4), never rank ± 1."""
     args, grid, by_schedule, _ = layout
     m = args.micro_batches
     for schedule, ranks in by_schedule.items():
@@ -127,6 +128,14 @@ def test_schedules_keep_their_promises_on_the_grid(layout):
                 assert r["max_in_flight"] == m
             else:
                 assert r["stages"] == [s + c * grid.pp for c in range(args.virtual)]
+            # the pipeline's transfers go to the neighbouring stages' ranks of the same dp and tp coordinates
+            # (interleaved: the chunks form a ring, every other rank of the pipeline is a neighbour)
+            pipeline = grid.group("pp", r["rank"])
+            if schedule == "interleaved":
+                neighbours = set(pipeline) - {r["rank"]}
+            else:
+                neighbours = {pipeline[t] for t in (s - 1, s + 1) if 0 <= t < grid.pp}
+            assert r["pp_peers"] == sorted(neighbours), f"{schedule}, rank {r['rank']}: {r['pp_peers']}"
         # tensor-parallel ranks of one stage hold equal shares; the last stage also the head
         assert len({r["param_bytes"] for r in ranks if r["coords"]["pp"] == 0}) == 1
 

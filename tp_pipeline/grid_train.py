@@ -139,7 +139,8 @@ def run_schedule(args, ctx, device, grid: Grid, groups: dict, schedule: str, ref
             times.append(float(t[1]))
         if first:
             record.update(loss=float(t[0]), comm=[{"op": o, "phase": ph, **v} for (o, ph), v in summary.items()],
-                          peak_saved_bytes=stats.peak_activation_bytes, max_in_flight=stats.max_in_flight)
+                          peak_saved_bytes=stats.peak_activation_bytes, max_in_flight=stats.max_in_flight,
+                          pp_peers=sorted(pipe.peers))
             if args.compare or args.dump:
                 after = gathered_tensors(chunks, groups["tp"])
             if args.dump:

@@ -90,12 +90,19 @@ def build_grid_chunks(full: Llama, pp_index: int, pp: int, *, virtual: int = 1, 
 
 
 class GridPipe(Pipe):
-    """A :class:`~dlo.parallel.pipeline.Pipe` that counts its transfers in :data:`dlo.parallel.comm.COUNTER`:
-    op "send" or "recv", phase "pp", the bytes of each tensor."""
+    """A :class:`~dlo.parallel.pipeline.Pipe` that counts its transfers in :data:`dlo.parallel.comm.COUNTER`
+    (op "send" or "recv", phase "pp", the bytes of each tensor) and notes the job-wide ranks it exchanged
+    with since the last :meth:`reset` (``peers``: with ``group=`` the Grid's pp group, the ranks of the same
+    dp and tp coordinates on the neighbouring stages)."""
+
+    def reset(self) -> None:
+        self.peers: set[int] = set()
+        super().reset()
 
     def _post(self, ops):
         for op in ops:
             comm.COUNTER.add(op.kind, "pp", op.tensor.numel() * op.tensor.element_size())
+            self.peers.add(self._global(op.peer))
         return super()._post(ops)
 
 
