@@ -18,7 +18,7 @@ import dlo  # noqa: F401
 from dlo.parallel import context as C
 from dlo.parallel import context_worker
 from dlo.parallel.p2p_replay import P2POp, replay
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 
 distributed = pytest.mark.distributed
 TOL = 1e-5  # fp32
@@ -229,8 +229,8 @@ def test_ring_schedule():
 # Real processes
 # ----------------------------------------------------------------------------------------------------
 def _run(nproc: int, tmp_path_factory) -> list[dict]:
-    return launch(context_worker.__file__, ["--seq", "24" if nproc == 2 else "36", "--torch-cp"], nproc=nproc,
-                  timeout_s=500, records_dir=tmp_path_factory.mktemp(f"cp{nproc}"), use_srun=False, echo=False,
+    return launch_forked(context_worker.__file__, ["--seq", "24" if nproc == 2 else "36", "--torch-cp"], nproc=nproc,
+                  timeout_s=500, records_dir=tmp_path_factory.mktemp(f"cp{nproc}"),
                   env={"OMP_NUM_THREADS": "1"})
 
 

@@ -20,7 +20,7 @@ from dlo.models import ConditionalHeadsNet, StochasticDepthNet, stochastic_depth
 from dlo.parallel.ddp import attach_comm_recorder, ddp_wrap, reduce_mean, reduce_sum
 from dlo.runtime.validate import check_batch_divisible, per_rank_batch
 from dlo.runtime.errors import first_line
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
@@ -46,15 +46,15 @@ def _by_case(records: list[dict]) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def train_runs(tmp_path_factory):
-    records = launch(SCRIPTS / "ddp_cases.py", nproc=2, records_dir=tmp_path_factory.mktemp("ddp_cases"),
-                     timeout_s=150, use_srun=False, echo=False)
+    records = launch_forked(SCRIPTS / "ddp_cases.py", nproc=2, records_dir=tmp_path_factory.mktemp("ddp_cases"),
+                     timeout_s=150)
     return _by_case(records)
 
 
 @pytest.fixture(scope="module")
 def unused_runs(tmp_path_factory):
-    records = launch(SCRIPTS / "ddp_unused.py", nproc=2, records_dir=tmp_path_factory.mktemp("ddp_unused"),
-                     timeout_s=150, use_srun=False, echo=False)
+    records = launch_forked(SCRIPTS / "ddp_unused.py", nproc=2, records_dir=tmp_path_factory.mktemp("ddp_unused"),
+                     timeout_s=150)
     return _by_case(records)
 
 

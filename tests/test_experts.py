@@ -21,7 +21,7 @@ from dlo.models.config import TINY_LLAMA
 from dlo.models.llama import Llama, token_batch
 from dlo.parallel import experts as X
 from dlo.parallel import experts_worker
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 
 distributed = pytest.mark.distributed
 TOL = 1e-5  # fp32, expert-parallel against one process
@@ -203,7 +203,7 @@ def test_moe_llama_swaps_the_mlps_and_leaves_the_dense_model_alone():
 # Real processes
 # ----------------------------------------------------------------------------------------------------
 def _run(nproc: int, args: list[str], tmp_path_factory) -> list[dict]:
-    return launch(experts_worker.__file__, args, nproc=nproc, timeout_s=560, use_srun=False, echo=False,
+    return launch_forked(experts_worker.__file__, args, nproc=nproc, timeout_s=560,
                   records_dir=tmp_path_factory.mktemp(f"ep{nproc}"), env={"OMP_NUM_THREADS": "1"})
 
 

@@ -14,7 +14,7 @@ import torch
 
 import dlo  # noqa: F401
 from dlo.data import tokens
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 from dlo.models.config import LLAMA_3_2_3B
 from dlo.measure.memory import count_parameters
 from dlo.parallel import fsdp
@@ -51,8 +51,8 @@ def records(tmp_path_factory):
     # An empty extension cache: the run fails (timeout) if DeepSpeed tried to JIT-compile anything.
     env = {"OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(out / "ext")}
     cases = ["fsdp", "ddp", "grads", "bf16", "dcp", *(ZERO_CASES if HAVE_DEEPSPEED else [])]
-    recs = launch(CASES, [str(out), *cases], nproc=2,
-                  timeout_s=300, echo=False, env=env, use_srun=False)
+    recs = launch_forked(CASES, [str(out), *cases], nproc=2,
+                  timeout_s=300, env=env)
     assert not (out / "ext").exists() or not any((out / "ext").iterdir()), "DeepSpeed compiled an extension"
     return {(r["case"], r["rank"]): r for r in recs}
 

@@ -14,7 +14,7 @@ import torch
 
 import dlo  # noqa: F401
 from dlo.parallel import fsdp
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 
 CASES = Path(__file__).parent / "scripts" / "fsdp_prefetch_cases.py"
 LAYERS = fsdp.SMOKE_LLAMA.num_layers
@@ -23,7 +23,7 @@ RANKS = (0, 1)
 
 @pytest.fixture(scope="module")
 def records():
-    recs = launch(CASES, [], nproc=2, timeout_s=300, echo=False, env={"OMP_NUM_THREADS": "1"}, use_srun=False)
+    recs = launch_forked(CASES, [], nproc=2, timeout_s=300, env={"OMP_NUM_THREADS": "1"})
     cases = {(r.get("case"), r.get("mode"), r["rank"]): r for r in recs if "case" in r}
     runs = {(r["run"], r["rank"]): r for r in recs if "run" in r}
     return cases, runs

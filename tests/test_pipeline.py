@@ -19,9 +19,8 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 from dlo.models.llama import Llama
-from dlo.models.config import TransformerConfig
 from dlo.parallel.p2p_replay import replay_schedule
 from dlo.parallel.pipeline import (Event, Pipe, bubble_fraction, bubble_theory, build_stage, check_world_size,
                                    interleaved_actions, micro_batch_size, one_f_one_b_actions, split_layers,
@@ -60,8 +59,8 @@ def reference():
 @pytest.fixture(scope="module", params=[2, 4], ids=["2procs", "4procs"])
 def runs(request, tmp_path_factory):
     nproc = request.param
-    records = launch(SCRIPTS / "pipeline_cases.py", nproc=nproc, records_dir=tmp_path_factory.mktemp(f"pp{nproc}"),
-                     timeout_s=240, use_srun=False, echo=False, env={"OMP_NUM_THREADS": "1"})
+    records = launch_forked(SCRIPTS / "pipeline_cases.py", nproc=nproc, records_dir=tmp_path_factory.mktemp(f"pp{nproc}"),
+                     timeout_s=240, env={"OMP_NUM_THREADS": "1"})
     out: dict[str, list[dict]] = {}
     for r in records:
         out.setdefault(r["case"], []).append(r)

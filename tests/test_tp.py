@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 from dlo.models.llama import Llama, token_batch
 from dlo.models.config import TransformerConfig
 from dlo.parallel import comm
@@ -32,14 +32,14 @@ def _by_case(records):
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return _by_case(launch(SCRIPTS / "tp_cases.py", ["2x1", "dtensor", "dtensor_tied", "errors"], nproc=2,
-                           timeout_s=200, records_dir=tmp_path_factory.mktemp("tp2"), use_srun=False, echo=False))
+    return _by_case(launch_forked(SCRIPTS / "tp_cases.py", ["2x1", "dtensor", "dtensor_tied", "errors"], nproc=2,
+                           timeout_s=200, records_dir=tmp_path_factory.mktemp("tp2")))
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
-    return _by_case(launch(SCRIPTS / "tp_cases.py", ["4x1", "2x2", "dtensor"], nproc=4, timeout_s=300,
-                           records_dir=tmp_path_factory.mktemp("tp4"), use_srun=False, echo=False))
+    return _by_case(launch_forked(SCRIPTS / "tp_cases.py", ["4x1", "2x2", "dtensor"], nproc=4, timeout_s=300,
+                           records_dir=tmp_path_factory.mktemp("tp4")))
 
 
 def _assert_equal_to_reference(ranks, world):

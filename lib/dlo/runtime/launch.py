@@ -481,6 +481,7 @@ def launch_forked(
     args: Sequence[str] = (),
     nproc: int = 2,
     *,
+    records_dir: str | os.PathLike | None = None,
     env: Mapping[str, str | None] | None = None,
     timeout_s: float | None = None,
     preload: Sequence[str] = ("torch", "torch.distributed"),
@@ -495,8 +496,8 @@ def launch_forked(
 
     Each rank gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` =
     127.0.0.1 and a free ``MASTER_PORT``, the caller's environment (without its rank variables) plus
-    ``env``, and runs ``script`` as ``__main__`` with ``sys.argv = [script, *args]``. Its output goes to
-    ``<records_dir>/rank<r>.log``. A failure raises :class:`LaunchError` like :func:`launch` (the rank that
+    ``env``, and runs ``script`` as ``__main__`` with ``sys.argv = [script, *args]``. Its records and its
+    output (``rank<r>.log``) go to ``records_dir`` (as for :func:`launch`). A failure raises :class:`LaunchError` like :func:`launch` (the rank that
     failed first and its last meaningful line); once one rank fails, the others get
     :data:`FORKED_GRACE_S` seconds to finish, then are killed. Local only: use :func:`launch` for
     torchrun's elastic agent, for srun under Slurm, or for live output in a notebook.
@@ -512,9 +513,10 @@ def launch_forked(
     if timeout_s is not None and timeout_s <= 0:
         raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
     if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: torchrun it is
-        return launch(script_path, args, nproc, env=env, timeout_s=timeout_s, use_srun=False, echo=False)
+        return launch(script_path, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=False,
+                      echo=False)
 
-    folder = _records_folder(script_path, None)
+    folder = _records_folder(script_path, records_dir)
     base_env = _child_env(env, folder)
     base_env.setdefault("OMP_NUM_THREADS", str(max(1, _usable_cpus() // nproc)))
     base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
