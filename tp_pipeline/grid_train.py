@@ -60,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--blocking", action="store_true", help="every batch of transfers is waited for, sends included "
+                   "(a send waits for its receiver, as NCCL's large messages do): a schedule that could hang on GPUs "
+                   "hangs here")
     p.add_argument("--compare", action="store_true", help="compare the first step with one process (fp32)")
     p.add_argument("--dump", action="store_true", help="record the full gradients and weights (tiny models only)")
     return p.parse_args(argv)
@@ -108,11 +111,12 @@ def run_schedule(args, ctx, device, grid: Grid, groups: dict, schedule: str, ref
     opt = torch.optim.SGD(params, lr=args.lr)
     batch = replica_batch(make_batch(args), grid.dp, where["dp"])
     pipe = GridPipe(chunks if len(chunks) > 1 else chunks[0], batch, args.micro_batches, rank=where["pp"],
-                    world_size=grid.pp, device=device, dtype=dtype, group=groups["pp"])
+                    world_size=grid.pp, device=device, dtype=dtype, group=groups["pp"], blocking=args.blocking)
     record: dict = {"kind": "grid", "schedule": schedule, "dp": grid.dp, "pp": grid.pp, "tp": grid.tp,
                     "micro_batches": args.micro_batches, "virtual": virtual, "coords": where,
                     "stages": [c.index for c in chunks], "layers": [c.layer_ids for c in chunks],
-                    "dtype": args.dtype, "world_size": ctx.world_size, "tokens_per_step": args.batch * args.seq}
+                    "dtype": args.dtype, "world_size": ctx.world_size, "blocking": args.blocking,
+                    "tokens_per_step": args.batch * args.seq}
     times = []
     for step in range(args.warmup_steps + args.steps):
         opt.zero_grad(set_to_none=True)
