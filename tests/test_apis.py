@@ -74,6 +74,8 @@ def _run(runs, api, strategy):
     return runs[(api, strategy)]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("api, strategy", [r for r in RUNS if r != ("native", "fsdp")])
 def test_every_api_trains_to_the_native_fsdp2_losses(runs, api, strategy):
     reference = apis.rank_mean_losses(_run(runs, "native", "fsdp"))
@@ -85,12 +87,16 @@ def test_every_api_trains_to_the_native_fsdp2_losses(runs, api, strategy):
     assert losses[0] != losses[-1]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_the_check_tells_training_from_not_training(runs):
     """The tolerance is tight enough: the same runs with the steps shifted by one are far apart."""
     reference = apis.rank_mean_losses(_run(runs, "native", "fsdp"))
     assert apis.max_relative_gap(reference[1:], reference[:-1]) > 100 * REL_TOL
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @pytest.mark.parametrize("api, strategy", RUNS)
 def test_per_rank_bytes_show_the_sharding(runs, api, strategy):
     full = _full_param_bytes()
@@ -109,6 +115,8 @@ def test_per_rank_bytes_show_the_sharding(runs, api, strategy):
         assert not sharded
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 @needs["accelerate"]
 def test_accelerate_fsdp_on_a_cpu_is_ddp_and_the_run_says_so(runs):
     """Accelerate 1.15 turns on its FSDP plugin only for GPU-like devices: on CPUs it trains with DDP
@@ -118,6 +126,8 @@ def test_accelerate_fsdp_on_a_cpu_is_ddp_and_the_run_says_so(runs):
     assert not resolved["sharded"] and "DDP" in resolved["summary"]
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_resolved_configs_name_what_each_api_set_up(runs):
     assert "fully_shard" in _run(runs, "native", "fsdp")[0]["resolved"]["summary"]
     assert _run(runs, "native", "ddp")[0]["resolved"]["wrapper"] == "DistributedDataParallel"
@@ -126,6 +136,8 @@ def test_resolved_configs_name_what_each_api_set_up(runs):
         assert runs[("fabric", "ddp")][0]["resolved"]["strategy"] == "DDPStrategy"
 
 
+@pytest.mark.slow
+@pytest.mark.distributed
 def test_step_times_and_their_spread_are_recorded(runs):
     rows = apis.runs_table({f"{a} {s}": recs for (a, s), recs in runs.items()}, reference="native fsdp")
     for row in rows:
