@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.runtime import Grid, launch
+from dlo.runtime import Grid
+from dlo.runtime.launch import launch_forked
 from dlo.models.llama import Llama
 from dlo.parallel import comm
 from dlo.parallel.grid_step import (TPStage, build_grid_chunks, by_axis, comm_theory, param_count, replica_batch,
@@ -58,8 +59,8 @@ def layout(request, tmp_path_factory):
     nproc, extra = LAYOUTS[request.param]
     argv = [*extra, "--compare", "--dump"]
     args = W.parse_args(argv)
-    records = launch(WORKER, argv, nproc=nproc, records_dir=tmp_path_factory.mktemp(request.param), timeout_s=600,
-                     use_srun=False, echo=False, env={"OMP_NUM_THREADS": "1"})
+    records = launch_forked(WORKER, argv, nproc=nproc, records_dir=tmp_path_factory.mktemp(request.param),
+                            timeout_s=600, env={"OMP_NUM_THREADS": "1"})
     by_schedule: dict[str, list[dict]] = {}
     for r in sorted(records, key=lambda r: r["rank"]):
         by_schedule.setdefault(r["schedule"], []).append(r)
