@@ -640,6 +640,9 @@ def check_12(ns, g):
                     raise
                 except (RuntimeError, ValueError, TypeError, IndexError) as exc:
                     found = f"{stage.__name__}: {_first_line(exc)}"
+                    if f"over {dist.get_world_size()} ranks" in found:
+                        found += (f" -- {dist.get_world_size()} ranks is every process, not the TP group of {tp}: pass "
+                                  "the group to every collective (ctx.group in the backward)")
                 problem = _agree(found, group)
                 if problem:
                     break
