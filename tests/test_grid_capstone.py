@@ -7,6 +7,7 @@ One launch per layout, every schedule of that layout in it (starting 8 processes
 * dp=2 × pp=2 × tp=2 on 8 processes: afab, 1f1b and interleaved 1F1B (2 chunks per rank);
 * dp=1 × pp=2 × tp=4 on 8 processes: the pipeline's neighbours are 4 ranks apart; blocking transfers (a send
   waits for its receiver, as NCCL's large messages do), with the TP collectives in between;
+* dp=4 × pp=1 × tp=2 on 8 processes: no pipeline (no transfer at all), 4 replicas;
 * dp=1 × pp=3 × tp=2 on 6 processes: an odd number of stages, 6 layers (interleaved: 6 chunks of one layer).
 
 The single-process reference is computed here from the worker's own model and batch builders.
@@ -49,6 +50,7 @@ LAYOUTS = {
                         "--micro-batches", "4"]),
     "dp1-pp2-tp4": (8, ["--dp", "1", "--pp", "2", "--tp", "4", "--schedules", "1f1b", "interleaved",
                         "--micro-batches", "4", "--blocking"]),
+    "dp4-pp1-tp2": (8, ["--dp", "4", "--pp", "1", "--tp", "2", "--schedules", "afab", "1f1b", "--micro-batches", "2"]),
     "dp1-pp3-tp2": (6, ["--dp", "1", "--pp", "3", "--tp", "2", "--schedules", "1f1b", "interleaved", "--layers", "6",
                         "--batch", "12", "--micro-batches", "3"]),
 }
