@@ -49,6 +49,14 @@ def test_source_notebook_structure(nb):
     assert "BEGIN SOLUTION" not in sources and "END SOLUTION" not in sources
     source = "\n".join(nbs._source(c) for c in json.loads(nb.read_text())["cells"])
     assert ("raise NotImplementedError" in sources) == stu.has_solutions(source)
+    # The banner points to exercises only where there are some: in this notebook, or in a script it runs.
+    banner = student["cells"][0]["source"]
+    scripts = [p.name for p in stu.source_scripts() if p.parent == nb.parent and p.name in source]
+    if stu.has_solutions(source) or scripts:
+        assert banner.startswith("> **Exercise version.**")
+        assert all(f"`{name}`" in banner for name in scripts), banner
+    else:
+        assert "no exercise to write" in banner and ".py" not in banner, banner
 
 
 @pytest.mark.parametrize("script", stu.source_scripts(), ids=lambda p: p.name)

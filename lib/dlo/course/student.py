@@ -143,16 +143,19 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
     else:
         scripts = [p.name for p in source_scripts(source_nb.parent.parent) if p.parent == source_nb.parent]
         text = "".join(_source(c) for c in nb["cells"])
-        scripts = [name for name in scripts if name in text] or scripts  # the notebook's own script(s)
-        named = ", ".join(f"`{name}`" for name in scripts) or "the script next to this notebook"
+        scripts = [name for name in scripts if name in text]  # the script(s) this notebook runs, if any
+        named = ", ".join(f"`{name}`" for name in scripts)
         where = (f"your exercises are in {named}, next to this notebook: its parts marked `TODO` raise "
-                 "`NotImplementedError` until you write them")
-    banner = {
-        "cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
-        "source": (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; {where}. "
-                   f"Each exercise has a check cell; from a terminal: `dlo check {source_nb.stem} <step>` "
-                   f"(`dlo check --list` shows the steps)."),
-    }
+                 "`NotImplementedError` until you write them") if scripts else ""
+    if stubbed or where:
+        source = (f"> **Exercise version.** Generated from `../{source_nb.name}` by `make student`; {where}. "
+                  f"Each exercise has a check cell; from a terminal: `dlo check {source_nb.stem} <step>` "
+                  f"(`dlo check --list` shows the steps).")
+    else:  # a reading / measuring notebook: nothing to write, and no other file to point at
+        source = (f"> **Student copy.** Generated from `../{source_nb.name}` by `make student`. This notebook has "
+                  "no exercise to write: run it, then read its measurements and the conclusions drawn from them.")
+    banner = {"cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
+              "source": source}
     nb["cells"] = [banner] + nb["cells"]
     return nb
 
