@@ -4,6 +4,9 @@
 - ``pipeline/``: stage split (``stages``), NCCL-safe point-to-point transfers and event log (``pipe``), naive /
   GPipe (AFAB) / 1F1B / interleaved schedules (``schedules``), bubble and Gantt (``analysis``); ``p2p_replay``
   replays their transfers under NCCL's matching rules.
+- ``grid_step``: the PP × TP × DP capstone -- pipeline stages made of tensor-parallel blocks, transfers between
+  the ranks of a :class:`dlo.runtime.grid.Grid` pp group, gradients averaged over its dp group, and the
+  communication per axis a layout must show (``comm_theory``).
 - ``dp_events``: a rank's timeline of compute spans and all-reduces (launch to completion), for the Gantt charts of
   data parallelism written by hand (Jour2/dp_scratch).
 - ``fsdp``: FSDP2 (per-layer ``fully_shard``, mixed precision, activation checkpointing, prefetch modes) and
