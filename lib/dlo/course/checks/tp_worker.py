@@ -539,9 +539,12 @@ def _sp_stages(ns, group, tp, r):
         if shape != tuple(want.shape):
             return f"{name}: shape {shape}, expected {tuple(want.shape)} (the ranks' chunks of the sequence, dim 1)"
         if not close(y, want):
-            flipped = torch.cat(parts[::-1], dim=1)
-            return (f"{name}: the chunks are not in rank order: rank k's tokens go to positions [k*s/tp, (k+1)*s/tp)"
-                    if close(y, flipped) else f"{name}: values differ from the ranks' chunks concatenated along dim 1")
+            got_parts = y.detach().split(CHUNK, dim=1)
+            order = [next((k for k in range(tp) if close(c, parts[k])), None) for c in got_parts]
+            if sorted(o for o in order if o is not None) == list(range(tp)):
+                return (f"{name}: the chunks are not in rank order (got ranks {order}): rank k's tokens go to "
+                        "positions [k*s/tp, (k+1)*s/tp)")
+            return f"{name}: values differ from the ranks' chunks concatenated along dim 1"
         return counts_are("all_gather", "forward", name)
 
     def gather_backward():
