@@ -290,5 +290,5 @@ def _check_12(gather_from_sequence_region: Callable, reduce_scatter_to_sequence_
                f"{name}: with one process, the backward passes the gradient through unchanged")
     _peers((gather_from_sequence_region, reduce_scatter_to_sequence_region), "12",
            "on 4 processes (TP groups of 2, then one of 3)")
-    return ("sequence all-gather / reduce-scatter, conjugate backwards, right chunks at tp 2 and 3, bytes of TP; "
-            "the SP Llama equals one process")
+    return ("sequence all-gather / reduce-scatter with conjugate backwards, one counted collective each, right chunks "
+            "at tp 2 and 3; the SP Llama with them equals one process")
