@@ -169,6 +169,29 @@ def test_the_notebook_writes_its_accelerate_yaml_with_the_tested_function():
     assert "apis.write_accelerate_config(" in code and "launch_accelerate(" in code
 
 
+@pytest.mark.slow
+@needs["accelerate"]
+def test_a_failing_accelerate_launch_is_one_line_naming_the_error(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("raise ValueError('the batch does not split over the ranks')\n")
+    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
+    with pytest.raises(RuntimeError) as err:
+        apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False, timeout_s=300)
+    message = str(err.value)
+    assert "\n" not in message and "ValueError: the batch does not split over the ranks" in message, message
+    assert (tmp_path / "records" / "launch.log").is_file()
+
+
+@pytest.mark.slow
+@needs["accelerate"]
+def test_a_hanging_accelerate_launch_is_stopped_at_its_timeout(tmp_path):
+    script = tmp_path / "hangs.py"
+    script.write_text("import time\ntime.sleep(300)\n")
+    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
+    with pytest.raises(RuntimeError, match="timed out after 20 s"):
+        apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False, timeout_s=20)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(strategy="zero", nproc=2), "unknown Accelerate strategy"),
     (dict(strategy="fsdp", nproc=1), "nproc must be an integer >= 2"),

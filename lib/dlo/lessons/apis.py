@@ -21,15 +21,19 @@ the notebook's other cells) still import on a machine that lacks them.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import inspect
 import json
 import os
+import queue
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -168,12 +172,33 @@ def read_accelerate_config(path: str | os.PathLike):
     return load_config_from_file(str(path))
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)\b:?.*)$")
+_LAUNCHER_ERRORS = ("ChildFailedError", "CalledProcessError")
+
+
 def _last_error_line(lines: Sequence[str]) -> str:
-    for line in reversed(lines):
-        text = line.strip()
-        if text and ("Error" in text or "Exception" in text) and not text.startswith(("raise ", "File ")):
-            return text.split("]: ", 1)[-1] if text.startswith("[rank") else text
+    """The first exception line a worker printed (``ValueError: ...``), not the launcher's own ones
+    (``ChildFailedError``, which only says that a worker failed); else the last non-blank line."""
+    for line in lines:
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m and not any(name in line for name in _LAUNCHER_ERRORS):
+            return m.group(1).strip()
     return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a process and everything it started (torchrun's workers run in sessions of their own)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
 
 
 def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_file: str | os.PathLike, *,
@@ -199,20 +224,40 @@ def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_fil
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
                str(script), *[str(a) for a in args]]
     lines: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=child_env, text=True, encoding="utf-8", errors="replace", bufsize=1) as proc:
-        deadline = time.monotonic() + timeout_s
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=child_env, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                            start_new_session=True)
+    pending: queue.Queue = queue.Queue()
+
+    def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
+            pending.put(line)
+        pending.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline, timed_out = time.monotonic() + timeout_s, False
+    try:
+        while True:  # lines are printed here, in the caller's thread (the right Jupyter cell)
+            if time.monotonic() > deadline and proc.poll() is None:
+                timed_out = True
+                _kill_tree(proc.pid)
+            try:
+                line = pending.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
             lines.append(line.rstrip("\n"))
             if echo and not _noise(line):
                 print("[accelerate] " + line.rstrip("\n"), flush=True)
-            if time.monotonic() > deadline:
-                proc.kill()
-                break
         code = proc.wait()
-    (folder / "launch.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if time.monotonic() > deadline:
+    except BaseException:  # the notebook's stop button included: leave no worker behind
+        _kill_tree(proc.pid)
+        raise
+    finally:
+        (folder / "launch.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if timed_out:
         raise RuntimeError(f"accelerate launch of {script.name} timed out after {timeout_s:g} s "
                            f"(log: {folder / 'launch.log'})")
     if code != 0:
