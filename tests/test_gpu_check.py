@@ -58,6 +58,14 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
             for what in ("hidden", "heads", "kv_heads", "intermediate", "vocab"):
                 assert getattr(parsed, what) % tp == 0, f"{what} must divide by tp={tp}"
             assert parsed.hidden % parsed.heads == 0 and parsed.heads % parsed.kv_heads == 0
+        elif bench.name == "grid_3d":
+            from dlo.parallel.grid_step import why_invalid
+
+            assert parsed.dp * parsed.pp * parsed.tp == gpus and parsed.compare and parsed.schedules == ["1f1b"]
+            assert why_invalid(ns["make_config"](parsed), world_size=gpus, dp=parsed.dp, pp=parsed.pp, tp=parsed.tp,
+                               batch=parsed.batch, micro_batches=parsed.micro_batches, schedule="1f1b",
+                               virtual=parsed.virtual) is None
+            assert (parsed.pp, parsed.tp) == ((2, 2) if gpus >= 4 else (1, 2))
         elif bench.name == "fsdp_mfu":
             assert parsed.model == "llama-3.2-3b" and parsed.precision == "bf16"
             assert parsed.global_batch % gpus == 0
@@ -77,9 +85,10 @@ def test_the_dry_runs_are_the_full_commands_of_a_2_gpu_node_with_only_sizes_shru
         changed = {full_args[i - 1] for i, (a, b) in enumerate(zip(dry_args, full_args)) if a != b}
         assert changed and changed <= set(gc.DRY_SIZES), f"{bench.name}: a dry run may change sizes only: {changed}"
         dry, real = _script(command[1])["parse_args"](dry_args), _script(command[1])["parse_args"](full_args)
-        for flag in ("precision", "checkpointing", "schedules", "micro_batches", "layouts", "impls", "dtype"):
+        for flag in ("precision", "checkpointing", "schedules", "micro_batches", "layouts", "impls", "dtype", "dp", "pp",
+                     "tp", "compare", "batch"):
             assert getattr(dry, flag, None) == getattr(real, flag, None), f"{bench.name}: {flag} differs"
-    assert launched == 3
+    assert launched == 4
 
 
 def test_shrink_replaces_only_the_values_of_size_flags():
@@ -115,6 +124,15 @@ def test_parsers_read_their_records(tmp_path):
           {"kind": "layout", "impl": "dtensor", "step_s_median": 0.08, "rank": 0},
           {"kind": "layout", "impl": "scratch", "step_s_median": 9.0, "rank": 1}]
     assert gc._tp_parse(tmp_path, tp)[0] == pytest.approx(0.8)
+
+    grid = [{"rank": r, "dp": 2, "pp": 2, "tp": 2, "step_s": 0.1 * (r + 1), "comm_matches_theory": True,
+             "diff": {"grad": 1e-6 * r, "after": 2e-6}} for r in range(8)]
+    value, details = gc._grid_parse(tmp_path, grid)
+    assert value == pytest.approx(7e-6) and details["step_s"] == pytest.approx(0.8)
+    grid[3]["comm_matches_theory"] = False
+    value, details = gc._grid_parse(tmp_path, grid)
+    assert value == float("inf") and "rank(s) [3]" in details["why"]
+    assert gc._grid_parse(tmp_path, [{k: v for k, v in grid[0].items() if k != "diff"}])[0] is None
 
     race_out = {"target": 0.94, "records": [{"data": "real CIFAR-10", "reached": True, "time_to_target_s": 9.0},
                                             {"data": "real CIFAR-10", "reached": False, "time_to_target_s": None}]}

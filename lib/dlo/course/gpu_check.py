@@ -200,6 +200,42 @@ def _tp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
     return step["dtensor"] / step["scratch"], {"step_s_median": step}
 
 
+def _grid_layout(gpus: int) -> dict[str, int]:
+    """The capstone's layout on ``gpus`` GPUs: tp = 2 inside a pair, pp = 2 from 4 GPUs on, dp = the rest."""
+    tp = 2 if gpus >= 2 else 1
+    pp = 2 if gpus >= 4 else 1
+    return {"dp": max(1, gpus // (tp * pp)), "pp": pp, "tp": tp}
+
+
+def _grid_args(gpus: int) -> list[str]:
+    lay = _grid_layout(gpus)
+    micro = 4 * lay["pp"]
+    return ["--dp", str(lay["dp"]), "--pp", str(lay["pp"]), "--tp", str(lay["tp"]), "--schedules", "1f1b",
+            "--micro-batches", str(micro), "--batch", str(2 * micro * lay["dp"]), "--layers", "8", "--hidden", "1024",
+            "--heads", "16", "--kv-heads", "8", "--intermediate", "2816", "--vocab", "32000", "--seq", "512",
+            "--steps", "10", "--warmup-steps", "3", "--compare"]
+
+
+def _grid_command(gpus: int, dry: bool, out: Path) -> tuple:
+    usable = 4 * (gpus // 4) if gpus >= 4 else gpus  # whole pp x tp blocks
+    return _scaled("tp_pipeline/grid_train.py", _grid_args, usable, dry)
+
+
+def _grid_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
+    recs = [r for r in records or [] if "comm_matches_theory" in r]
+    if not recs:
+        return None, {"why": "no capstone record"}
+    details = {"layout": {k: recs[0].get(k) for k in ("dp", "pp", "tp")}, "step_s": max(r["step_s"] for r in recs),
+               "comm_matches_theory": all(r["comm_matches_theory"] for r in recs)}
+    diffs = [max(r["diff"]["grad"], r["diff"]["after"]) for r in recs if r.get("diff")]
+    if not diffs:
+        return None, {**details, "why": "no comparison with one process in the records"}
+    if not details["comm_matches_theory"]:
+        bad = [r["rank"] for r in recs if not r["comm_matches_theory"]]
+        return float("inf"), {**details, "why": f"communication differs from comm_theory on rank(s) {bad}"}
+    return max(diffs), details
+
+
 def _race_command(gpus: int, dry: bool, out: Path) -> tuple:
     if dry:  # the reference recipe's smoke version (no cuDNN, no compile), one epoch of generated data
         args = ["--recipe", "smoke", "--generated", "--max-epochs", "1"]
@@ -232,6 +268,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               Target("gap", "<=", 15, " %", "equal stages on one GPU each"), 2, _pipeline_command, _pipeline_parse),
     Benchmark("tp_vs_dtensor", "tensor parallelism: DTensor's step time / from-scratch step time",
               Target("ratio", ">=", 0.9, "", "ours at most ~10 % slower than the library"), 2, _tp_command, _tp_parse),
+    Benchmark("grid_3d", "PP x TP x DP capstone (1F1B, fp32): max |difference| with one process after one step",
+              Target("max |diff|", "<=", 1e-4, "", "fp32 sums in another order; comm must equal comm_theory"), 2,
+              _grid_command, _grid_parse),
     Benchmark("race", "reference recipe to 94 % (real CIFAR-10): time / airbench94's 3.83 s (A100)",
               Target("time ratio", "<=", 3, "x", "REFERENCES.md: airbench94, 3.83 s on one A100"), 1,
               _race_command, _race_parse, ok_exit_codes=(0, 1)),  # dlo race exits 1 when the target is missed
