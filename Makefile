@@ -57,7 +57,7 @@ test: $(STAMP)
 	    --durations=20 $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest tests/test_wrong_answers.py -q -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 	OMP_WAIT_POLICY=PASSIVE DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo \
-	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
+	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile --durations=15 \
 	    $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 	# every sentence the notebooks just wrote about a measured outcome, derived again from their fresh results.json
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py
