@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import dlo  # noqa: F401
-from dlo.runtime import launch
+from dlo.runtime.launch import launch_forked
 from dlo.models.llama import Llama, token_batch
 from dlo.models.config import TransformerConfig
 from dlo.parallel import comm
@@ -32,8 +32,8 @@ LAYERS, BATCH, SEQ, HIDDEN = 2, 2, 12, 48  # as in tests/scripts/sp_cases.py
 
 
 def _run(nproc, cases, tmp_path_factory):
-    records = launch(SCRIPTS / "sp_cases.py", cases, nproc=nproc, timeout_s=300, use_srun=False, echo=False,
-                     records_dir=tmp_path_factory.mktemp(f"sp{nproc}"))
+    records = launch_forked(SCRIPTS / "sp_cases.py", cases, nproc=nproc, timeout_s=300,
+                            records_dir=tmp_path_factory.mktemp(f"sp{nproc}"))
     out: dict[str, list] = {}
     for r in records:
         out.setdefault(r["case"], []).append(r)
