@@ -233,6 +233,18 @@ def expand_runs(args: Any, runs_json: str | None) -> list[tuple[str, Any]]:
     return out
 
 
+def _check_request(script: Any, args: Any, nproc: Any, timeout_s: Any) -> tuple[Path, list[str], int]:
+    """A launch's arguments checked before anything starts: one clear line for each mistake."""
+    nproc = _check_nproc(nproc)
+    args = _check_args(args)
+    script_path = Path(script).expanduser().resolve()
+    if not script_path.is_file():
+        raise ValueError(f"script {script} does not exist (resolved to {script_path}): check the path")
+    if timeout_s is not None and timeout_s <= 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    return script_path, args, nproc
+
+
 def _records_folder(script_path: Path, records_dir: str | os.PathLike | None) -> Path:
     """``records_dir`` (which must hold no records yet), or a fresh ``runs/launch/<script>-<time>-*`` folder."""
     if records_dir is None:
@@ -291,13 +303,7 @@ def launch(
     first, its exit code and its last meaningful line (usually the exception). The whole log is also
     written to ``<records_dir>/launch.log``.
     """
-    nproc = _check_nproc(nproc)
-    args = _check_args(args)
-    script_path = Path(script).expanduser().resolve()
-    if not script_path.is_file():
-        raise ValueError(f"script {script} does not exist (resolved to {script_path}): check the path")
-    if timeout_s is not None and timeout_s <= 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
 
     folder = _records_folder(script_path, records_dir)
     child_env = _child_env(env, folder)
@@ -505,13 +511,7 @@ def launch_forked(
     import multiprocessing
     from multiprocessing.connection import wait as wait_for
 
-    nproc = _check_nproc(nproc)
-    args = _check_args(args)
-    script_path = Path(script).expanduser().resolve()
-    if not script_path.is_file():
-        raise ValueError(f"script {script} does not exist (resolved to {script_path}): check the path")
-    if timeout_s is not None and timeout_s <= 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s!r}")
+    script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
     if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: torchrun it is
         return launch(script_path, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=False,
                       echo=False)
