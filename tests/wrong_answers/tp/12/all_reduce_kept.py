@@ -16,17 +16,6 @@ from dlo.parallel.comm import split_along
 EXPECT = 'all-reduce'
 
 
-class GatherFromSequenceRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_along(x, group, dim=1, phase="forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_along(grad, ctx.group, dim=1, phase="backward"), None
-
-
 class ReduceScatterToSequenceRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -38,10 +27,5 @@ class ReduceScatterToSequenceRegion(torch.autograd.Function):
         return all_gather_along(grad, ctx.group, dim=1, phase="backward"), None
 
 
-def gather_from_sequence_region(x, group=None):
-    return GatherFromSequenceRegion.apply(x, group)
-
-
 def reduce_scatter_to_sequence_region(x, group=None):
     return ReduceScatterToSequenceRegion.apply(x, group)
-

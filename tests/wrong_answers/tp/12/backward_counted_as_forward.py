@@ -25,21 +25,5 @@ class GatherFromSequenceRegion(torch.autograd.Function):
         return reduce_scatter_along(grad, ctx.group, dim=1, phase="forward"), None
 
 
-class ReduceScatterToSequenceRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return reduce_scatter_along(x, group, dim=1, phase="forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_along(grad, ctx.group, dim=1, phase="backward"), None
-
-
 def gather_from_sequence_region(x, group=None):
     return GatherFromSequenceRegion.apply(x, group)
-
-
-def reduce_scatter_to_sequence_region(x, group=None):
-    return ReduceScatterToSequenceRegion.apply(x, group)
-

@@ -14,17 +14,6 @@ globals().update({k: v for k, v in load_exercises(ROOT / "tp_tensor_parallel" / 
 EXPECT = 'all-gather'
 
 
-class GatherFromSequenceRegion(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_along(x, group, dim=1, phase="forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        return reduce_scatter_along(grad, ctx.group, dim=1, phase="backward"), None
-
-
 class ReduceScatterToSequenceRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
@@ -36,10 +25,5 @@ class ReduceScatterToSequenceRegion(torch.autograd.Function):
         return grad, None
 
 
-def gather_from_sequence_region(x, group=None):
-    return GatherFromSequenceRegion.apply(x, group)
-
-
 def reduce_scatter_to_sequence_region(x, group=None):
     return ReduceScatterToSequenceRegion.apply(x, group)
-
