@@ -1,4 +1,5 @@
-"""The CIFAR-10 race harness (dlo.lessons.race): stopping rule, what the clock counts, leaderboard, errors.
+"""The CIFAR-10 race harness (dlo.lessons.race): the rule (fixed epochs, one test evaluation), validation runs,
+what the clock counts, leaderboard, errors.
 
 Every race here runs on a few hundred generated images with a 2-channel-wide ResNet-9: the mechanics,
 not the accuracy, are under test.
@@ -93,33 +94,130 @@ def test_time_to_target():
 
 # ---------------------------------------------------------------------------------------------- the race
 
-def test_race_stops_at_the_target_and_appends_to_the_leaderboard(tmp_path):
+class _Spy:
+    """Counts the evaluations, and which data they read: the race's own (``race.evaluate``) and the loop's."""
+
+    def __init__(self, monkeypatch):
+        import dlo.training.loop
+
+        self.race, self.loop, self.batches = [], [], []
+        real = race.evaluate
+
+        def spy(where):
+            def evaluate(model, loader, *args, **kw):
+                where.append(kw.get("tta", False))
+                return real(model, loader, *args, **kw)
+            return evaluate
+
+        monkeypatch.setattr(race, "evaluate", spy(self.race))
+        monkeypatch.setattr(dlo.training.loop, "evaluate", spy(self.loop))
+        real_batches = race._test_batches
+
+        def batches(d, recipe):
+            self.batches.append(d.split)
+            yield from real_batches(d, recipe)
+
+        monkeypatch.setattr(race, "_test_batches", batches)
+
+
+def test_the_race_trains_every_epoch_then_reads_the_test_set_once(tmp_path, monkeypatch):
+    """airbench's rule: a target reachable after one epoch does not stop the race (the test set decides
+    nothing), and the test set is evaluated once, after the last epoch."""
+    spy = _Spy(monkeypatch)
     board = tmp_path / "runs" / "leaderboard.json"
-    rec = run(target=0.01, leaderboard=board)  # any model reaches 1 % after one epoch
-    assert rec["reached"] and rec["stopped_by"] == "target"
-    assert rec["epochs_run"] == rec["epochs_to_target"] == 1 and len(rec["curve"]) == 1
-    assert rec["time_to_target_s"] == rec["curve"][0]["time_s"] > 0
+    rec = run(target=0.01, leaderboard=board)  # any model reaches 1 %
+    assert spy.loop == [] and len(spy.race) == 1 and spy.batches == ["test"]
+    assert rec["reached"] and rec["stopped_by"] == "epochs" and rec["rule"] == race.RACE_RULE
+    assert rec["epochs_run"] == rec["epochs"] == TINY.epochs and len(rec["curve"]) == TINY.epochs
+    assert all("accuracy" not in p for p in rec["curve"])  # nothing about the test set during training
+    assert rec["time_to_target_s"] == rec["total_s"] > rec["curve"][-1]["time_s"] > 0  # the evaluation is counted
+    assert rec["total_s"] - rec["curve"][-1]["time_s"] >= rec["eval_s"] > 0
     assert rec["data"] == "generated" and "NOT real CIFAR-10" in rec["source"]
     assert rec["load_s"] + rec["train_s"] + rec["eval_s"] <= rec["total_s"] + 1e-6
     assert rec["env"]["torch"] == torch.__version__
     json.dumps(rec)  # JSON-able
     assert [e["name"] for e in json.loads(board.read_text())] == ["tiny"]
 
-    rec = run(target=1.0, leaderboard=board)  # unreachable: runs the whole schedule
-    assert not rec["reached"] and rec["time_to_target_s"] is None and rec["stopped_by"] == "max_epochs"
-    assert rec["epochs_run"] == TINY.epochs
+    rec = run(target=1.0, leaderboard=board)  # unreachable: the same run, the same one evaluation
+    assert not rec["reached"] and rec["time_to_target_s"] is None and rec["stopped_by"] == "epochs"
+    assert rec["time_to_target_with_compile_s"] is None and 0 <= rec["accuracy"] < 1
+    assert len(spy.race) == 2 and spy.loop == []
     times = [p["time_s"] for p in rec["curve"]]
     assert times == sorted(times)
     assert len(json.loads(board.read_text())) == 2
 
 
-def test_max_epochs_and_time_budget(tmp_path):
-    rec = run(target=1.0, max_epochs=1)
-    assert rec["epochs_run"] == 1
+def test_the_verdict_is_the_one_test_accuracy_against_the_target(monkeypatch):
+    """reached <=> that accuracy >= target (an exact tie reaches it)."""
+    monkeypatch.setattr(race, "evaluate", lambda *a, **k: {"accuracy": 0.5, "loss": 1.0})
+    assert run(target=0.5)["reached"] and not run(target=0.5 + 1e-9)["reached"]
+    assert run(target=0.5)["accuracy"] == 0.5
+
+
+def test_time_budget_ends_the_training_not_the_evaluation(monkeypatch):
+    spy = _Spy(monkeypatch)
     rec = run(target=1.0, time_budget_s=1e-6)
-    assert rec["epochs_run"] == 1 and rec["stopped_by"] == "time_budget"
-    with pytest.raises(ValueError, match="max_epochs must be an integer in"):
-        run(max_epochs=TINY.epochs + 1)
+    assert rec["epochs_run"] == 1 < rec["epochs"] and rec["stopped_by"] == "time_budget"
+    assert len(spy.race) == 1 and "stopped by the time budget" in race.summary_line(rec)
+    with pytest.raises(ValueError, match="time_budget_s must be a number of seconds > 0"):
+        run(time_budget_s=0)
+
+
+# ---------------------------------------------------------------------------------------------- validation runs
+
+def test_a_validation_run_holds_out_training_images_and_never_reads_the_test_file(monkeypatch):
+    from dlo import data as dlo_data
+
+    opened, real = [], dlo_data.cifar10
+
+    def cifar10(split, *args, **kw):
+        opened.append(split)
+        return real(split, *args, **kw)
+
+    monkeypatch.setattr(dlo_data, "cifar10", cifar10)
+    spy = _Spy(monkeypatch)
+    rec = race.validation_run(TINY.replace(epochs=3), 0.01, 64, device="cpu", progress=False, verbose=False,
+                              generated=True, n_train=256)
+    assert "test" not in opened and set(opened) == {"train"}
+    assert spy.race == [] and len(spy.loop) == 3 and set(spy.batches) == {"validation"}  # one per epoch
+    assert rec["split"] == "validation" and rec["n_val"] == 64 and rec["n_train"] == 256 - 64
+    assert rec["steps_per_epoch"] == (256 - 64) // TINY.batch_size
+    assert [p["epoch"] for p in rec["curve"]] == [1, 2, 3] and all(0 <= p["accuracy"] <= 1 for p in rec["curve"])
+    curve = rec["curve"]
+    assert rec["val_time_to_target_s"] == race.time_to_target([p["time_s"] for p in curve],
+                                                              [p["accuracy"] for p in curve], 0.01)
+    assert rec["val_epochs_to_target"] == 1 and rec["final_accuracy"] == curve[-1]["accuracy"]
+    assert "rule" not in rec and "accuracy" not in rec  # not a race: nothing a leaderboard could rank
+
+
+@pytest.mark.parametrize("mode", ["preload", "loader"])
+def test_the_held_out_images_are_the_last_training_images_and_are_not_trained_on(mode):
+    from dlo import data as dlo_data
+
+    recipe = TINY.replace(data=mode, crop_padding=0, flip=False)
+    d = race.load_race_data(recipe, "cpu", generated=True, n_train=256, validation=64, verbose=False)
+    full = race.load_race_data(recipe, "cpu", generated=True, n_train=256, verbose=False)
+    train = dlo_data.cifar10("train", None, None, generated=True, n_train=256, n_test=race.SMOKE_DATA["n_test"],
+                             verbose=False)
+    assert d.split == "validation" and (d.n_train, d.n_test) == (192, 64) and full.split == "test"
+    if mode == "preload":
+        assert torch.equal(d.train_x, full.train_x[:192]) and torch.equal(d.test_x, full.train_x[192:256])
+        assert torch.equal(d.test_y, torch.as_tensor(train.targets[192:256]))
+    else:
+        assert len(d.train_loader.dataset) == 192 and list(d.test_loader.dataset.indices) == list(range(192, 256))
+        labels = torch.cat([y for _, y in d.test_loader])
+        assert torch.equal(labels, torch.as_tensor(train.targets[192:256]))
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(validation=250), "leaves 6 of the 256 training images to train on, fewer than one batch of 32"),
+    (dict(validation=5), "validation must be an integer >= 10"),
+    (dict(validation=64, n_test=100), "do not pass n_test= with it"),
+])
+def test_bad_validation_sizes_are_one_line(kw, message):
+    with pytest.raises(ValueError, match=message) as info:
+        race.load_race_data(TINY, "cpu", generated=True, n_train=256, verbose=False, **kw)
+    assert "\n" not in str(info.value)
 
 
 def test_the_clock_includes_data_loading(monkeypatch):
@@ -162,25 +260,26 @@ def test_compilation_is_excluded_only_when_the_recipe_says_so(monkeypatch):
         return load(*args, **kwargs)
 
     monkeypatch.setattr(race, "load_race_data", clock_starts)
-    counted = run(TINY.replace(compile=True), target=1.0, max_epochs=1)
+    counted = run(TINY.replace(compile=True, epochs=1), target=1.0)
     assert events == ["clock", "first forward"]  # the first call happened on the clock
     events.clear()
-    excluded = run(TINY.replace(compile=True, exclude_compile=True), target=1.0, max_epochs=1)
+    excluded = run(TINY.replace(compile=True, exclude_compile=True, epochs=1), target=1.0)
     assert events == ["first forward", "clock"]  # ... and here before it started
     assert counted["compile_s"] is None and not counted["compile_excluded"]
     assert counted["curve"][0]["time_s"] >= delay  # lower bounds only: they hold on any machine
     assert excluded["compile_excluded"] and excluded["compile_s"] >= delay  # timed apart
     # The warm-up ran real steps, then restored the weights and the optimizer: same training as without it.
-    assert excluded["curve"][0]["accuracy"] == counted["curve"][0]["accuracy"]
-    assert excluded["curve"][0]["loss"] == pytest.approx(counted["curve"][0]["loss"], rel=1e-5)
+    assert excluded["accuracy"] == counted["accuracy"]
+    assert excluded["test_loss"] == pytest.approx(counted["test_loss"], rel=1e-5)
+    assert excluded["curve"][0]["train_loss"] == pytest.approx(counted["curve"][0]["train_loss"], rel=1e-5)
 
-    reached = run(TINY.replace(compile=True, exclude_compile=True), target=0.01)
+    reached = run(TINY.replace(compile=True, exclude_compile=True, epochs=1), target=0.01)
     assert reached["time_to_target_with_compile_s"] == pytest.approx(reached["time_to_target_s"] + reached["compile_s"])
 
 
 def test_loader_mode_runs_the_same_race():
-    rec = run(TINY.replace(data="loader", tta=True), target=1.0, max_epochs=1)
-    assert rec["steps_per_epoch"] == 256 // 32 and rec["n_test"] == 100 and 0 <= rec["best_accuracy"] <= 1
+    rec = run(TINY.replace(data="loader", tta=True, epochs=1), target=1.0)
+    assert rec["steps_per_epoch"] == 256 // 32 and rec["n_test"] == 100 and 0 <= rec["accuracy"] <= 1
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -203,32 +302,28 @@ def test_random_crop_flip_takes_a_window_of_the_padded_image_and_maybe_mirrors_i
 
 
 def test_the_race_uses_the_one_tta_definition(monkeypatch):
-    """The race has no TTA of its own: its evaluation is the loop's, whose TTA (mean of the softmax of the image
-    and of its mirror) is pinned in test_recipes.py. A recipe with tta=True must reach it with tta=True."""
-    import dlo.training.loop
+    """The race has no TTA of its own: its evaluation is the package's (mean of the softmax of the image and of
+    its mirror, pinned in test_recipes.py). A recipe with tta=True must reach it with tta=True."""
+    import importlib
 
-    seen = []
-    real = dlo.training.loop.evaluate
-
-    def spy(*args, **kw):
-        seen.append(kw.get("tta", False))
-        return real(*args, **kw)
-
-    monkeypatch.setattr(dlo.training.loop, "evaluate", spy)
-    assert not hasattr(race, "evaluate_tta")
-    run(TINY.replace(tta=True), target=1.0, max_epochs=1)
-    assert seen and all(t is True for t in seen)
-    seen.clear()
-    run(TINY.replace(tta=False), target=1.0, max_epochs=1)
-    assert seen and not any(seen)
+    evaluation = importlib.import_module("dlo.training.evaluate")  # the module (the package re-exports the function)
+    assert race.evaluate is evaluation.evaluate and not hasattr(race, "evaluate_tta")
+    spy = _Spy(monkeypatch)
+    run(TINY.replace(tta=True, epochs=1), target=1.0)
+    race.validation_run(TINY.replace(tta=True, epochs=1), 1.0, 64, device="cpu", progress=False, verbose=False,
+                        generated=True, n_train=256)
+    assert spy.race == [True] and spy.loop == [True]
+    run(TINY.replace(tta=False, epochs=1), target=1.0)
+    assert spy.race == [True, False]
 
 
-def _entry(name, reached_at, best, target=0.5, data="generated"):
-    return {"name": name, "data": data, "target": target, "reached": reached_at is not None,
-            "time_to_target_s": reached_at, "epochs_to_target": 1 if reached_at else None, "best_accuracy": best,
+def _entry(name, reached_at, acc, target=0.5, data="generated"):
+    return {"name": name, "rule": race.RACE_RULE, "data": data, "target": target, "reached": reached_at is not None,
+            "time_to_target_s": reached_at, "epochs": 1, "epochs_run": 1, "accuracy": acc,
             "compile_excluded": False, "compile_s": None, "time_to_target_with_compile_s": reached_at,
-            "load_s": 0.1, "eval_s": 0.1, "device": "cpu", "env": {"gpu": None, "date": "2026"},
-            "curve": [{"epoch": 1, "time_s": reached_at or 9.0, "accuracy": best, "loss": 1.0, "train_loss": 1.0}]}
+            "load_s": 0.1, "eval_s": 0.1, "total_s": reached_at or 9.0, "device": "cpu",
+            "env": {"gpu": None, "date": "2026"},
+            "curve": [{"epoch": 1, "time_s": (reached_at or 9.0) - 0.1, "train_loss": 1.0}]}
 
 
 def test_leaderboard_appends_and_sorts(tmp_path):
@@ -282,9 +377,10 @@ def test_race_without_a_data_set(tmp_path, monkeypatch):
 
 def test_command_line(tmp_path, capsys):
     out = tmp_path / "race.json"
-    args = ["--recipe", "smoke", "--generated", "--n-train", "256", "--n-test", "100", "--set", "width=2",
+    args = ["--recipe", "smoke", "--generated", "--n-train", "256", "--set", "width=2",
             "--set", "epochs=1", "--device", "cpu", "--no-progress"]
-    res = subprocess.run([sys.executable, "-m", "dlo", "race", *args, "--target", "0.01", "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "dlo", "race", *args, "--n-test", "100", "--target", "0.01",
+                          "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     saved = json.loads(out.read_text())
@@ -295,6 +391,12 @@ def test_command_line(tmp_path, capsys):
     assert err.startswith("error: target accuracy must be in (0, 1]") and len(err.strip().splitlines()) == 1
     assert race.main([*args, "--set", "widht=2"]) == 2
     assert "unknown Recipe field(s) widht" in capsys.readouterr().err
+    val = tmp_path / "val.json"
+    assert race.main([*args, "--validation", "64", "--target", "0.01", "--out", str(val)]) == 0
+    saved = json.loads(val.read_text())
+    assert saved["split"] == "validation" and saved["records"][0]["n_val"] == 64
+    assert race.main([*args, "--validation", "64", "--n-test", "100"]) == 2
+    assert "--validation never reads the test set" in capsys.readouterr().err
 
 
 def test_gpu_only_options_are_refused_on_a_cpu():
@@ -353,3 +455,18 @@ def test_an_old_leaderboard_file_still_loads_as_unofficial(tmp_path):
     assert old_row["why"] == ("recorded without n_test, hardware, versions (an older leaderboard file): not "
                               "comparable with other attempts")
     assert "\n" not in old_row["why"]
+
+
+def test_an_attempt_made_under_the_old_stopping_rule_is_unofficial():
+    """The harness before the fixed-epochs rule stopped at the first epoch whose test accuracy reached the
+    target: those records have every comparability field, but the test set chose them."""
+    old = {k: v for k, v in _attempt("stopped on the test set", 1.0, 10000).items() if k != "rule"}
+    new = _attempt("fixed epochs", 5.0, 10000)
+    table = board.leaderboard([old, new])
+    assert list(table["name"]) == ["fixed epochs", "stopped on the test set"]
+    assert list(table["board"]) == ["official", "unofficial"]
+    assert "a choice made on the test set" in table.iloc[1]["why"]
+    assert board.standing({**old, "rule": "stop at the target"})[0] == "unofficial"
+    legacy = {**old, "best_accuracy": 0.95}
+    legacy.pop("accuracy")
+    assert board.leaderboard([legacy]).iloc[0]["accuracy"] == 0.95  # an old file still shows its accuracy

@@ -238,7 +238,7 @@ def _grid_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
 
 def _race_command(gpus: int, dry: bool, out: Path) -> tuple:
     if dry:  # the reference recipe's smoke version (no cuDNN, no compile), one epoch of generated data
-        args = ["--recipe", "smoke", "--generated", "--max-epochs", "1"]
+        args = ["--recipe", "smoke", "--generated", "--set", "epochs=1"]
     else:
         args = ["--recipe", "reference", "--target", "0.94"]
     return ("module", ["race", *args, "--no-progress", "--out", str(out / "race.json")])

@@ -293,7 +293,7 @@ HINTS: dict[tuple[str, str], Hint] = {
         "model.modules(), isinstance with nn.Conv2d / nn.Linear, (w == 0).sum()."),
     ("race", "time_to_target"): _h(
         "Find the time at which a run first reached the target accuracy, or None if it never did.",
-        "The race is won at the first evaluation that shows the target, not the best one.",
+        "The time to target is that of the first evaluation that shows the target, not of the best one.",
         "A loop over the evaluations in order, returning the first time whose accuracy >= target."),
     ("race", "fair_ranking"): _h(
         "Rank an attempt only against the attempts it can fairly be compared with, best first, and refuse when "
@@ -302,7 +302,7 @@ HINTS: dict[tuple[str, str], Hint] = {
         "that the target is reached (20 images: 5 points per image, a target crossed by luck) and on the hardware. "
         "Versions are recorded to explain a gap, not to split a group.",
         "A list comprehension keeping the attempts equal to mine on target, data, n_test and hardware (and with "
-        "versions); sorted() with a key: reached ones by time_to_target_s, then the rest by -best_accuracy; "
+        "versions); sorted() with a key: reached ones by time_to_target_s, then the rest by -accuracy; "
         "raise ValueError naming the missing fields."),
     ("race", "my_recipe"): _h(
         "Describe your own training recipe for the race, within the allowed settings.",

@@ -7,7 +7,9 @@ its ``n_test``, its ``data`` kind, its ``hardware`` (the GPU's name, or the CPU'
 (torch, ...), and the tables rank an attempt only against attempts that share the target, the data kind, the
 number of test images and the hardware (:func:`comparability_key`). The **official** board takes only attempts
 on the whole 10 000-image real CIFAR-10 test set; the others are **practice** boards, one per comparability
-key; attempts recorded before these fields existed still load, as **unofficial**, with one line saying why.
+key; attempts recorded before these fields existed, or under another rule than :data:`RACE_RULE` (an older
+harness stopped at the first epoch whose *test* accuracy reached the target), still load, as **unofficial**,
+with one line saying why.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 
+from dlo.lessons.race_recipe import RACE_RULE
 from dlo.measure.bench import save_json
 from dlo.runtime.paths import probe_writable
 from dlo.runtime.paths import run_dir
@@ -57,7 +60,7 @@ def append_to_leaderboard(record: dict[str, Any], path: str | os.PathLike) -> Pa
 
 
 LEADERBOARD_COLUMNS = ["board", "group", "name", "data", "n_test", "hardware", "target", "reached", "time_to_target_s",
-                       "epochs_to_target", "best_accuracy", "compile_excluded", "compile_s",
+                       "accuracy", "epochs", "epochs_run", "compile_excluded", "compile_s",
                        "time_to_target_with_compile_s", "load_s", "eval_s", "device", "gpu", "torch", "date", "why"]
 
 #: The official board: the whole real CIFAR-10 test set, nothing less.
@@ -111,6 +114,10 @@ def standing(entry: Mapping[str, Any]) -> tuple[str, str]:
     if missing:
         return "unofficial", (f"recorded without {', '.join(missing)} (an older leaderboard file): not comparable "
                               f"with other attempts")
+    if entry.get("rule") != RACE_RULE:
+        return "unofficial", ("recorded under another rule than a fixed number of epochs and one test evaluation (an "
+                              "older harness stopped at the first epoch whose test accuracy reached the target: a "
+                              "choice made on the test set)")
     if entry["data"] != OFFICIAL_DATA:
         return "practice", f"{entry['data']} data, not real CIFAR-10"
     if entry["n_test"] != OFFICIAL_N_TEST:
@@ -145,8 +152,9 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
     fields that say what it is comparable with; ``why`` says so in one line). Attempts are grouped by
     :func:`comparability_key` (board, target, data kind, number of test images, hardware; ``group`` is its
     readable title); official groups come first, then practice, then unofficial. Within a group, the attempts
-    that reached the target come first, by time to target, then the others by best accuracy; the index is the
-    ``rank`` within the group. ``target`` / ``data`` ("generated" or "real CIFAR-10") / ``board`` keep only
+    that reached the target come first, by time to target, then the others by test accuracy; the index is the
+    ``rank`` within the group. ``accuracy`` is the attempt's one test evaluation (an older record's best
+    accuracy over its epochs). ``target`` / ``data`` ("generated" or "real CIFAR-10") / ``board`` keep only
     those attempts.
     """
     import pandas as pd
@@ -166,6 +174,8 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
         env = e.get("env") or {}
         key = comparability_key(e)
         row = {k: e.get(k) for k in LEADERBOARD_COLUMNS}
+        if row["accuracy"] is None:
+            row["accuracy"] = e.get("best_accuracy")
         row.update(board=key[0], group=_group_title(key), why=standing(e)[1], gpu=env.get("gpu"),
                    date=env.get("date"), torch=(e.get("versions") or {}).get("torch") or env.get("torch"))
         row["_board"] = BOARDS.index(key[0])
@@ -174,7 +184,7 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
     if len(df):
         df["_miss"] = ~df["reached"].astype(bool)
         df["_t"] = df["time_to_target_s"].astype(float)
-        df = df.sort_values(["_board", "group", "_miss", "_t", "best_accuracy"],
+        df = df.sort_values(["_board", "group", "_miss", "_t", "accuracy"],
                             ascending=[True, True, True, True, False], na_position="last", kind="stable")
         df["rank"] = df.groupby("group", sort=False).cumcount() + 1
         df = df.drop(columns=["_miss", "_t", "_board"]).set_index("rank")
@@ -192,28 +202,57 @@ def boards(source: str | os.PathLike | Iterable[dict[str, Any]], **filters: Any)
 
 
 def plot_race(records: Iterable[dict[str, Any]], target: float | None = None, path: str | os.PathLike | None = None,
-              ax=None, title: str = "The race: test accuracy vs wall-clock time"):
-    """Test accuracy vs time on the race clock, one line per attempt (one dot per epoch's evaluation); a star
-    where it reached the target. The x axis starts at 0, when the clock starts: the gap before a curve's first
-    dot is its data loading plus its first epoch."""
+              title: str = "The race: test accuracy and time"):
+    """Two panels. Left: each attempt as one point, its one test evaluation against its total time on the
+    race clock (a star when it reached the target, a dot when not), with the target line. Right: each
+    attempt's training loss at the end of each epoch against the race clock: where its time went (the gap
+    before the first point is loading and, when counted, compilation; the step from the last point to the
+    left panel's point is the test evaluation). No test accuracy during training: the race does not read it."""
     import matplotlib.pyplot as plt
 
     records = list(records)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    else:
-        fig = ax.figure
+    fig, (ax, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in records:
-        times = [p["time_s"] for p in r["curve"]]  # measured points only (one per epoch)
-        accs = [p["accuracy"] for p in r["curve"]]
-        line, = ax.plot(times, accs, marker="o", ms=3, label=r["name"])
-        if r.get("time_to_target_s") is not None:
-            ax.plot([r["time_to_target_s"]], [r["curve"][r["epochs_to_target"] - 1]["accuracy"]], marker="*", ms=14,
-                    color=line.get_color())
+        acc = r.get("accuracy", r.get("best_accuracy"))
+        reached = r.get("time_to_target_s") is not None
+        pts, = ax.plot([r["total_s"]], [acc], marker="*" if reached else "o", ms=14 if reached else 7, ls="none",
+                       label=r["name"])
+        curve = [p for p in r.get("curve", []) if p.get("train_loss") is not None and math.isfinite(p["train_loss"])]
+        ax_loss.plot([p["time_s"] for p in curve], [p["train_loss"] for p in curve], marker="o", ms=3,
+                     color=pts.get_color(), label=r["name"])
     if target is not None:
         ax.axhline(check_target(target), color="grey", ls="--", lw=1, label=f"target {target:.0%}")
-    ax.set(xlabel="seconds on the race clock (data loading + training + evaluation)", ylabel="test accuracy",
-           title=title)
+    ax.set(xlabel="seconds on the race clock (loading + training + the test evaluation)",
+           ylabel="test accuracy (one evaluation)", title=title)
+    ax_loss.set(xlabel="seconds on the race clock", ylabel="training loss (epoch mean)",
+                title="where the time went: one point per epoch")
+    for a in (ax, ax_loss):
+        a.set_xlim(left=0)
+        a.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def plot_validation(record: dict[str, Any], path: str | os.PathLike | None = None):
+    """A :func:`dlo.lessons.race.validation_run`'s accuracy on the held-out images after each epoch, against
+    its clock, with the target line and the first epoch that reached it."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    curve = record["curve"]
+    ax.plot([p["time_s"] for p in curve], [p["accuracy"] for p in curve], marker="o", ms=4, label=record["name"])
+    ax.axhline(record["target"], color="grey", ls="--", lw=1, label=f"target {record['target']:.0%}")
+    if record.get("val_time_to_target_s") is not None:
+        first = record["val_epochs_to_target"]
+        ax.plot([record["val_time_to_target_s"]], [curve[first - 1]["accuracy"]], marker="*", ms=14,
+                color="tab:green", ls="none", label=f"first reached: epoch {first}")
+    ax.set(xlabel="seconds (training + a validation evaluation per epoch)",
+           ylabel=f"accuracy on {record['n_val']} held-out training images",
+           title="Choosing the epochs on a validation split (the test set is not read)")
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -222,7 +261,6 @@ def plot_race(records: Iterable[dict[str, Any]], target: float | None = None, pa
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=110)
     return fig
-
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,8 +2,17 @@
 
 A *recipe* (:class:`Recipe`) is everything that decides how fast a model learns: the network and its
 width, the batch size, the optimizer, its schedule and learning rate, label smoothing, mixed precision,
-memory layout, compilation, and how the data reaches the model. :func:`run_race` trains with it epoch by
-epoch, measures the test accuracy after every epoch, and stops as soon as the target is reached.
+memory layout, compilation, and how the data reaches the model. :func:`run_race` trains with it for the
+recipe's ``epochs``, then evaluates the test set **once**: the attempt reaches the target when that one
+accuracy does, and its time is everything the clock counted.
+
+Why not stop as soon as the test accuracy reaches the target (DAWNBench's rule)? Because then the test set
+decides when to stop: a run is measured after every epoch and kept at the first lucky evaluation, so the
+accuracy it reports is the maximum of noisy readings, biased upwards, and the test set is no longer a fair
+judge. airbench's rule, used here (:data:`RACE_RULE`): the number of epochs is part of the recipe, fixed
+before the run, and the test set is read once, at the end. The number of epochs is chosen on a
+**validation split** of the training set: :func:`validation_run` holds out training images, trains on the
+rest, evaluates the held-out images after every epoch and never reads the test file.
 
 The rules of the clock (also stored in every record, see :data:`TIMING_RULES`):
 
@@ -11,10 +20,7 @@ The rules of the clock (also stored in every record, see :data:`TIMING_RULES`):
   ``data="preload"`` the whole dataset is read, normalised and copied to the device once (counted), then
   augmented there batch by batch (random crop + horizontal flip on the device); with ``data="loader"``
   a ``torch.utils.data.DataLoader`` with torchvision transforms feeds every batch (counted, of course).
-* **Evaluation counts.** The race needs the test accuracy after each epoch to know when to stop, so that
-  time is on the clock (airbench only counts its final evaluation, since it trains for a fixed number of
-  epochs; here the stopping rule is part of the race). ``eval_s`` in the record says how much of the
-  total it was.
+* **The one evaluation counts**: ``eval_s`` in the record says how much of the total it was.
 * **Compilation counts, unless the recipe says** ``exclude_compile=True``: then the model is compiled
   and warmed up (a few steps on random data, in training and evaluation mode, after which the weights
   and the optimizer are restored) *before* the clock starts; that warm-up is timed on its own and
@@ -50,7 +56,7 @@ from dlo.measure.bench import environment_info, save_json
 from dlo.runtime.device import synchronize
 from dlo.training.optim import make_optimizer
 from dlo.training.step import amp_dtype, make_grad_scaler, make_train_step, prepare_model
-from dlo.training.callbacks import Callback, StopAtTarget
+from dlo.training.callbacks import Callback
 from dlo.training.evaluate import evaluate
 from dlo.training.loop import train
 from dlo.lessons.leaderboard import append_to_leaderboard, attempt_fields, standing
@@ -59,8 +65,8 @@ from dlo.data.loaders import Batches
 from dlo.data.cifar import find_cifar10
 from dlo.runtime.device import pick_device
 # the lesson's entry point: the recipes and the data helpers are reachable from here (race.Recipe, ...)
-from dlo.lessons.race_recipe import (MODELS, REAL_TARGET, RECIPES, SMOKE_DATA, SMOKE_TARGET, TIMING_RULES, Recipe,  # noqa: F401
-                                     reference_recipe, smoke_recipe)
+from dlo.lessons.race_recipe import (MODELS, RACE_RULE, REAL_TARGET, RECIPES, SMOKE_DATA, SMOKE_TARGET,  # noqa: F401
+                                     TIMING_RULES, Recipe, reference_recipe, smoke_recipe)
 from dlo.runtime.validate import is_int
 from dlo.lessons.race_data import (_test_batches, _train_batches, load_race_data, random_crop_flip,  # noqa: F401
                                    require_data)
@@ -69,9 +75,9 @@ from dlo.lessons.race_data import (_test_batches, _train_batches, load_race_data
 def time_to_target(times: Sequence[float], accuracies: Sequence[float], target: float) -> float | None:
     """The first time at which the accuracy reached ``target`` (``>=``), or None if it never did.
 
-    ``times[i]`` is when ``accuracies[i]`` was known (clock time after the i-th evaluation). Not the time
-    of the best accuracy, and not an interpolation between evaluations: the race is won when a
-    measurement *shows* the target, and a curve may go down again afterwards.
+    ``times[i]`` is when ``accuracies[i]`` was known (clock time after the i-th evaluation of a
+    :func:`validation_run`). Not the time of the best accuracy, and not an interpolation between
+    evaluations: the target is reached when a measurement *shows* it, and a curve may go down again.
     """
     target = check_target(target)
     if len(times) != len(accuracies):
@@ -129,8 +135,10 @@ def _warm_up(model: nn.Module, recipe: Recipe, device: torch.device, dtype, n_te
     synchronize(device)
 
 
-def _count_test(data_dir, generated, n_test) -> int:
-    """The number of test images the race will evaluate on (needed before the clock for the warm-up shapes)."""
+def _count_eval(data_dir, generated, n_test, validation) -> int:
+    """The number of images the attempt will evaluate (needed before the clock for the warm-up shapes)."""
+    if validation is not None:
+        return validation
     if n_test is not None:
         return n_test
     if generated is None:
@@ -138,48 +146,35 @@ def _count_test(data_dir, generated, n_test) -> int:
     return SMOKE_DATA["n_test"] if generated else 10000
 
 
-class _StopAfter(Callback):
-    """The race's last epoch when the target is not reached (``max_epochs`` may be less than the schedule)."""
+class _Clock(Callback):
+    """Stamps each epoch's record with ``time_s`` (seconds on the race clock) and stops after the epoch that
+    passes ``time_budget_s``. It never reads an accuracy: nothing that sees the test set decides anything."""
 
-    def __init__(self, max_epochs: int) -> None:
-        self.max_epochs = max_epochs
+    def __init__(self, start: float, time_budget_s: float | None) -> None:
+        self.start, self.time_budget_s, self.stopped_by = start, time_budget_s, None
 
     def on_epoch_end(self, state, record: dict) -> bool:
-        return record["epoch"] + 1 >= self.max_epochs
+        record["time_s"] = time.perf_counter() - self.start
+        if self.time_budget_s is not None and record["time_s"] > self.time_budget_s:
+            self.stopped_by = "time_budget"
+            return True
+        return False
 
 
-def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | None = False,
-             device: torch.device | str | None = None, max_epochs: int | None = None,
-             time_budget_s: float | None = None, n_train: int | None = None, n_test: int | None = None,
-             leaderboard: str | os.PathLike | None = None, progress: bool = True,
-             verbose: bool = True) -> dict[str, Any]:
-    """One attempt: train with ``recipe`` (the package's one loop, :func:`dlo.training.loop.train`), evaluate
-    after every epoch, stop at ``target`` test accuracy (:class:`dlo.training.callbacks.StopAtTarget`).
-    ``max_epochs`` (default ``recipe.epochs``, at most that: the schedule ends there) and ``time_budget_s``
-    (stop after the epoch that exceeds it) bound a run that never reaches the target. ``generated``,
-    ``data_dir``, ``n_train``, ``n_test``: see :func:`load_race_data`. ``leaderboard``: a JSON file the
-    attempt is appended to (checked writable *before* the race).
-
-    Returns a JSON-able record: ``time_to_target_s`` (None if not reached), ``epochs_to_target``,
-    ``curve`` (one point per epoch: ``time_s`` on the race clock, test ``accuracy`` and ``loss``, mean
-    ``train_loss``), ``load_s``, ``train_s``, ``eval_s``, ``compile_s`` (the excluded warm-up, or None),
-    ``time_to_target_with_compile_s``, the recipe, the data's ``source`` and the environment; and what the
-    leaderboard needs to rank it only against comparable attempts: ``n_test`` (test images evaluated), ``data``
-    ("real CIFAR-10" or "generated"), ``hardware`` (GPU or CPU name) and ``versions`` (torch, ...). An attempt on
-    fewer than the 10 000 real test images (``n_test``) or on generated data is a *practice* attempt, never on
-    the official board (see :mod:`dlo.lessons.leaderboard`).
-    """
+def _check_args(recipe, target, time_budget_s) -> float:
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe must be a dlo.lessons.race.Recipe, got {type(recipe).__name__}")
     target = check_target(target)
-    if max_epochs is None:
-        max_epochs = recipe.epochs
-    if not is_int(max_epochs) or not 1 <= max_epochs <= recipe.epochs:
-        raise ValueError(f"max_epochs must be an integer in [1, recipe.epochs={recipe.epochs}] (the schedule ends "
-                         f"after recipe.epochs), got {max_epochs!r}")
     if time_budget_s is not None and not (isinstance(time_budget_s, (int, float)) and time_budget_s > 0):
         raise ValueError(f"time_budget_s must be a number of seconds > 0 (or None), got {time_budget_s!r}")
-    board = check_writable(leaderboard) if leaderboard is not None else None
+    return target
+
+
+def _train(recipe: Recipe, *, data_dir, generated, device, time_budget_s, n_train, n_test, validation, progress,
+           verbose) -> dict[str, Any]:
+    """Load, build, train: the part of an attempt both rules share. With ``validation``, the held-out images
+    are evaluated after every epoch (``curve[i]["accuracy"]``); without it nothing is evaluated during
+    training, and the caller evaluates ``evaluate_batches`` (the test set) once."""
     require_data(data_dir, generated)  # before the compile warm-up: a missing data set is an error now
     device = pick_device(device)
     dtype = amp_dtype(recipe.amp)
@@ -191,14 +186,14 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     if recipe.exclude_compile:  # compile + warm up off the clock, timed on its own
         t_c = time.perf_counter()
         model = _build(recipe, device)
-        _warm_up(model, recipe, device, dtype, _count_test(data_dir, generated, n_test))
+        _warm_up(model, recipe, device, dtype, _count_eval(data_dir, generated, n_test, validation))
         compile_s = time.perf_counter() - t_c
 
     # ---- the clock starts ----
     synchronize(device)
     t0 = time.perf_counter()
     d = load_race_data(recipe, device, data_dir=data_dir, generated=generated, n_train=n_train, n_test=n_test,
-                       verbose=verbose)
+                       validation=validation, verbose=verbose)
     if model is None:
         model = _build(recipe, device)
     steps_per_epoch = (len(d.train_loader) if d.mode == "loader" else d.n_train // recipe.batch_size)
@@ -211,36 +206,72 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
             return d.train_loader
         return Batches(lambda: _train_batches(d, recipe, generator), steps_per_epoch)
 
-    test_batches = Batches(lambda: _test_batches(d, recipe), -(-d.n_test // recipe.eval_batch_size))
-    stop = StopAtTarget(target, start=t0, time_budget_s=time_budget_s)
+    eval_batches = Batches(lambda: _test_batches(d, recipe), -(-d.n_test // recipe.eval_batch_size))
+    clock = _Clock(t0, time_budget_s)
     synchronize(device)
     load_s = time.perf_counter() - t0
     # compile=False: the model is compiled already (above, as the recipe asks); one loss read per epoch
     cfg = recipe.train_config(compile=False, progress=progress, log_every=recipe.epochs * steps_per_epoch + 1,
-                              eval_every_epoch=True, ckpt_path=None, resume=False, tracking_dir=None)
-    result = train(model, make_loader, cfg, device, val_loader=test_batches, callbacks=[stop, _StopAfter(max_epochs)])
+                              eval_every_epoch=validation is not None, ckpt_path=None, resume=False, tracking_dir=None)
+    result = train(model, make_loader, cfg, device, val_loader=eval_batches if validation is not None else None,
+                   callbacks=[clock])
     epochs = [r for r in result.records if r["event"] == "epoch"]
-    curve = [{"epoch": r["epoch"] + 1, "time_s": r["time_s"], "accuracy": r["val_accuracy"], "loss": r["val_loss"],
-              "train_loss": r.get("train_loss", float("nan"))} for r in epochs]
-    train_s = sum(r["seconds"] for r in epochs)
-    eval_s = sum(r["eval_seconds"] for r in epochs)
-    reached_at = stop.reached["time_s"] if stop.reached is not None else None
-    epochs_to_target = stop.reached["epoch"] + 1 if stop.reached is not None else None
-    stopped_by = stop.stopped_by or "max_epochs"
+    curve = [{"epoch": r["epoch"] + 1, "time_s": r["time_s"], "train_loss": r.get("train_loss", float("nan"))}
+             | ({"accuracy": r["val_accuracy"], "loss": r["val_loss"]} if "val_accuracy" in r else {})
+             for r in epochs]
     env = environment_info(device)
+    return {"t0": t0, "device": device, "dtype": dtype, "data": d, "eval_batches": eval_batches,
+            "model": result.ema_model.module if result.ema_model is not None else model,
+            "record": {
+                "name": recipe.name, "epochs": recipe.epochs, "epochs_run": len(curve),
+                "stopped_by": clock.stopped_by or "epochs", "load_s": load_s,
+                "train_s": sum(r["seconds"] for r in epochs), "compile_excluded": recipe.exclude_compile,
+                "compile_s": compile_s, "data": "generated" if d.is_generated else "real CIFAR-10", "source": d.source,
+                "n_train": d.n_train, "steps_per_epoch": steps_per_epoch, "device": str(device),
+                **attempt_fields(env), "recipe": recipe.to_dict(), "curve": curve, "env": env}}
+
+
+def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | None = False,
+             device: torch.device | str | None = None, time_budget_s: float | None = None,
+             n_train: int | None = None, n_test: int | None = None,
+             leaderboard: str | os.PathLike | None = None, progress: bool = True,
+             verbose: bool = True) -> dict[str, Any]:
+    """One attempt under :data:`RACE_RULE`: train with ``recipe`` for its ``epochs`` (the package's one loop,
+    :func:`dlo.training.loop.train`), evaluating nothing on the way, then evaluate the test set once. The
+    attempt reaches ``target`` when that accuracy does (``>=``); its time is the whole clock.
+    ``time_budget_s`` ends a run that is too slow after the epoch that passes it (the test set is then
+    evaluated once, as always, and the record says ``stopped_by="time_budget"``). ``generated``,
+    ``data_dir``, ``n_train``, ``n_test``: see :func:`load_race_data`. ``leaderboard``: a JSON file the
+    attempt is appended to (checked writable *before* the race).
+
+    Returns a JSON-able record: ``accuracy`` and ``test_loss`` (the one evaluation), ``reached``,
+    ``time_to_target_s`` (the total when reached, else None), ``epochs`` / ``epochs_run``, ``stopped_by``
+    ("epochs" or "time_budget"), ``curve`` (one point per epoch: ``time_s`` on the race clock and the mean
+    ``train_loss``; no accuracy: the test set is not read during training), ``load_s``, ``train_s``,
+    ``eval_s``, ``total_s``, ``compile_s`` (the excluded warm-up, or None), ``time_to_target_with_compile_s``,
+    the recipe, the data's ``source``, the environment, ``rule``; and what the leaderboard needs to rank it
+    only against comparable attempts: ``n_test``, ``data`` ("real CIFAR-10" or "generated"), ``hardware`` and
+    ``versions``. An attempt on fewer than the 10 000 real test images or on generated data is a *practice*
+    attempt, never on the official board (see :mod:`dlo.lessons.leaderboard`).
+    """
+    target = _check_args(recipe, target, time_budget_s)
+    board = check_writable(leaderboard) if leaderboard is not None else None
+    run = _train(recipe, data_dir=data_dir, generated=generated, device=device, time_budget_s=time_budget_s,
+                 n_train=n_train, n_test=n_test, validation=None, progress=progress, verbose=verbose)
+    device, d = run["device"], run["data"]
+    t_eval = time.perf_counter()
+    metrics = evaluate(run["model"], run["eval_batches"], device, run["dtype"], recipe.channels_last, tta=recipe.tta)
+    synchronize(device)
+    end = time.perf_counter()
+    total_s = end - run["t0"]
+    reached = metrics["accuracy"] >= target
+    compile_s = run["record"]["compile_s"]
     record: dict[str, Any] = {
-        "name": recipe.name, "target": target, "reached": reached_at is not None,
-        "time_to_target_s": reached_at, "epochs_to_target": epochs_to_target, "epochs_run": len(curve),
-        "stopped_by": stopped_by, "best_accuracy": max(p["accuracy"] for p in curve),
-        "final_accuracy": curve[-1]["accuracy"], "total_s": curve[-1]["time_s"],
-        "load_s": load_s, "train_s": train_s, "eval_s": eval_s,
-        "compile_excluded": recipe.exclude_compile, "compile_s": compile_s,
-        "time_to_target_with_compile_s": (reached_at + compile_s) if (reached_at is not None and compile_s is not None)
-        else reached_at,
-        "data": "generated" if d.is_generated else "real CIFAR-10", "source": d.source,
-        "n_train": d.n_train, "n_test": d.n_test, "steps_per_epoch": steps_per_epoch,
-        "device": str(device), **attempt_fields(env), "recipe": recipe.to_dict(), "curve": curve,
-        "rules": TIMING_RULES, "env": env,
+        "name": recipe.name, "rule": RACE_RULE, "target": target, "reached": reached,
+        "time_to_target_s": total_s if reached else None, "accuracy": metrics["accuracy"],
+        "test_loss": metrics["loss"], "total_s": total_s, "eval_s": end - t_eval,
+        "time_to_target_with_compile_s": (total_s + compile_s if compile_s is not None else total_s) if reached else None,
+        "n_test": d.n_test, **run["record"], "rules": TIMING_RULES,
     }
     if verbose:
         print(summary_line(record), flush=True)
@@ -249,15 +280,57 @@ def run_race(recipe: Recipe, target: float, *, data_dir=None, generated: bool | 
     return record
 
 
+def validation_run(recipe: Recipe, target: float, validation: int, *, data_dir=None, generated: bool | None = False,
+                   device: torch.device | str | None = None, time_budget_s: float | None = None,
+                   n_train: int | None = None, progress: bool = True, verbose: bool = True) -> dict[str, Any]:
+    """Where a recipe's choices (its number of epochs first) are made: hold out the last ``validation``
+    training images, train on the others with ``recipe`` for its epochs, evaluate the held-out images after
+    every epoch. **The test file is never read**, and nothing is put on a leaderboard.
+
+    Returns a record with ``split="validation"``, ``n_val``, ``n_train`` (images trained on), ``curve`` (per
+    epoch: ``time_s`` on the clock, which here includes the validation evaluations, ``accuracy`` and ``loss``
+    on the held-out images, ``train_loss``), ``val_time_to_target_s`` and ``val_epochs_to_target`` (the first
+    evaluation at ``>= target``, :func:`time_to_target`; None if none), ``best_accuracy`` and
+    ``final_accuracy``. The first epoch whose accuracy reaches the target is a lower bound for the race's
+    ``epochs``: a shorter schedule anneals sooner, so check the choice with another validation run.
+    """
+    target = _check_args(recipe, target, time_budget_s)
+    if not is_int(validation) or validation < 10:
+        raise ValueError(f"validation must be the number of training images to hold out, an integer >= 10, "
+                         f"got {validation!r}")
+    run = _train(recipe, data_dir=data_dir, generated=generated, device=device, time_budget_s=time_budget_s,
+                 n_train=n_train, n_test=None, validation=validation, progress=progress, verbose=verbose)
+    rec = run["record"]
+    curve = rec["curve"]
+    reached_at = time_to_target([p["time_s"] for p in curve], [p["accuracy"] for p in curve], target)
+    first = next((p["epoch"] for p in curve if p["accuracy"] >= target), None)
+    record = {**rec, "split": "validation", "target": target, "n_val": validation,
+              "val_time_to_target_s": reached_at, "val_epochs_to_target": first,
+              "best_accuracy": max(p["accuracy"] for p in curve), "final_accuracy": curve[-1]["accuracy"],
+              "total_s": curve[-1]["time_s"]}
+    if verbose:
+        where = f"{validation} held-out training images, trained on {rec['n_train']}; the test set was not read"
+        if first is not None:
+            print(f"{recipe.name}: validation accuracy reached {target:.1%} after epoch {first} of {recipe.epochs} "
+                  f"({reached_at:.2f} s; final {record['final_accuracy']:.1%}; {where})", flush=True)
+        else:
+            print(f"{recipe.name}: validation accuracy did NOT reach {target:.1%} in {rec['epochs_run']} epochs "
+                  f"(best {record['best_accuracy']:.1%}; {where})", flush=True)
+    return record
+
+
 def summary_line(record: dict[str, Any]) -> str:
     """One line saying how an attempt went, and on which board it counts."""
     where = f"{record['data']}, {record.get('n_test', '?')} test images, {record.get('hardware') or record['device']}"
+    epochs = f"{record['epochs_run']} of {record['epochs']} epochs" if record["stopped_by"] == "time_budget" else \
+        f"{record['epochs_run']} epochs"
     if record["reached"]:
         line = (f"{record['name']}: {record['target']:.1%} reached in {record['time_to_target_s']:.2f} s "
-                f"({record['epochs_to_target']} epochs; {where})")
+                f"(test accuracy {record['accuracy']:.1%} after {epochs}; {where})")
     else:
-        line = (f"{record['name']}: {record['target']:.1%} NOT reached in {record['epochs_run']} epochs, "
-                f"{record['total_s']:.2f} s (best {record['best_accuracy']:.1%}, stopped by {record['stopped_by']}; {where})")
+        line = (f"{record['name']}: {record['target']:.1%} NOT reached: test accuracy {record['accuracy']:.1%} "
+                f"after {epochs}, {record['total_s']:.2f} s"
+                + (" (stopped by the time budget)" if record["stopped_by"] == "time_budget" else "") + f"; {where}")
     if record.get("compile_s") is not None:
         line += f"; compile warm-up {record['compile_s']:.1f} s excluded"
     board, why = standing(record)
@@ -285,7 +358,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="test images (default: all, or the smoke size); fewer than the 10 000 of real CIFAR-10 make a "
                         "practice attempt, ranked apart from the official board")
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda")
-    p.add_argument("--max-epochs", type=int, default=None)
+    p.add_argument("--validation", type=int, default=None, metavar="N",
+                   help="a validation run instead of a race: hold out N training images, evaluate them after every "
+                        "epoch (to choose the recipe's epochs); the test set is not read, nothing goes on a leaderboard")
     p.add_argument("--time-budget", type=float, default=None, help="stop after the epoch that passes this many seconds")
     p.add_argument("--repeats", type=int, default=1, help="attempts with seeds seed, seed+1, ...")
     p.add_argument("--out", default=None, help="write the records (with environment) to this JSON file")
@@ -331,16 +406,27 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
         if args.target is None:
             args.target = SMOKE_TARGET if args.generated else REAL_TARGET
+        if args.validation is not None and (args.n_test is not None or args.leaderboard is not None):
+            raise ValueError("--validation never reads the test set and puts nothing on a leaderboard: "
+                             "drop --n-test / --leaderboard")
+        common = dict(data_dir=args.data_dir, generated=True if args.generated else False, device=args.device,
+                      time_budget_s=args.time_budget, n_train=args.n_train, progress=not args.no_progress)
         records = []
         for k in range(args.repeats):
             r = recipe.replace(seed=recipe.seed + k) if k else recipe
-            records.append(run_race(r, args.target, data_dir=args.data_dir, generated=True if args.generated else False,
-                                    device=args.device, max_epochs=args.max_epochs, time_budget_s=args.time_budget,
-                                    n_train=args.n_train, n_test=args.n_test, leaderboard=args.leaderboard,
-                                    progress=not args.no_progress))
+            if args.validation is not None:
+                records.append(validation_run(r, args.target, args.validation, **common))
+            else:
+                records.append(run_race(r, args.target, n_test=args.n_test, leaderboard=args.leaderboard, **common))
     except (ValueError, TypeError, FileNotFoundError, PermissionError, IsADirectoryError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.validation is not None:
+        if args.out:
+            save_json({"target": args.target, "recipe": recipe.to_dict(), "split": "validation",
+                       "env": records[0]["env"], "records": records}, args.out)
+            print(f"wrote {args.out}")
+        return 0 if all(r["val_epochs_to_target"] is not None for r in records) else 1
     if args.out:
         times = [r["time_to_target_s"] for r in records if r["reached"]]
         save_json({"target": args.target, "recipe": recipe.to_dict(), "attempts": len(records),

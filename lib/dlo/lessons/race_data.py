@@ -36,6 +36,7 @@ class RaceData:
     test_y: torch.Tensor | None = None
     train_loader: Any = None  # loader mode
     test_loader: Any = None
+    split: str = "test"  # what test_x / test_loader hold: the "test" set, or a "validation" split of the training set
 
 def require_data(data_dir=None, generated: bool | None = False) -> None:
     """Fail in one line, before anything is trained or compiled, when the race has no data set: real CIFAR-10
@@ -58,16 +59,17 @@ def require_data(data_dir=None, generated: bool | None = False) -> None:
             "target is not a CIFAR-10 accuracy)")
 
 def _open_datasets(data_dir, generated: bool | None, n_train: int, n_test: int, train_transform, test_transform,
-                   verbose: bool):
-
+                   verbose: bool, validation: bool = False):
+    """The training set, and the evaluation set: the test set, or (``validation``) the training file opened a
+    second time with the evaluation transform (the held-out images are cut from it): the test file is not read."""
     require_data(data_dir, generated)
     kw = dict(generated=generated, n_train=n_train, n_test=n_test)
     train = data.cifar10("train", data_dir, train_transform, verbose=verbose, **kw)
-    test = data.cifar10("test", data_dir, test_transform, verbose=False, **kw)
+    evaluation = data.cifar10("train" if validation else "test", data_dir, test_transform, verbose=False, **kw)
     if generated is None and train.is_generated and verbose:
         print("[dlo.lessons.race] no real CIFAR-10 found: racing on GENERATED data (generated=None allows it); "
               "its accuracies are not CIFAR-10 accuracies", flush=True)
-    return train, test
+    return train, evaluation
 
 def _normalise(images_uint8_nhwc: Any, device: torch.device, channels_last: bool) -> torch.Tensor:
 
@@ -79,30 +81,50 @@ def _normalise(images_uint8_nhwc: Any, device: torch.device, channels_last: bool
     return x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 def load_race_data(recipe: Recipe, device: torch.device | str, *, data_dir=None, generated: bool | None = False,
-                   n_train: int | None = None, n_test: int | None = None, verbose: bool = True) -> RaceData:
+                   n_train: int | None = None, n_test: int | None = None, validation: int | None = None,
+                   verbose: bool = True) -> RaceData:
     """Open the data as the recipe asks. Called on the clock by :func:`run_race`.
 
     ``generated``: False = real CIFAR-10 required (else a one-line FileNotFoundError saying where to put
     it), True = generated data (``n_train`` / ``n_test`` images, default :data:`SMOKE_DATA`), None = real
     if found, else generated (said in the log). ``n_train`` / ``n_test`` can also take the first images of
     real CIFAR-10 (all of them by default).
+
+    ``validation``: hold out the **last** ``validation`` of the ``n_train`` training images, never train on
+    them, and evaluate on them instead of the test set (``split == "validation"``; the test file is not read,
+    ``n_test`` is then the number of held-out images). That is where a recipe's choices are made.
     """
 
     device = torch.device(device)
     n_gen_train = n_train or SMOKE_DATA["n_train"]
     n_gen_test = n_test or SMOKE_DATA["n_test"]
-    for key, value in (("n_train", n_train), ("n_test", n_test)):
+    for key, value in (("n_train", n_train), ("n_test", n_test), ("validation", validation)):
         if value is not None and (not is_int(value) or value < 10):
             raise ValueError(f"{key} must be an integer >= 10 (or None: the whole set), got {value!r}")
+    if validation is not None and n_test is not None:
+        raise ValueError("validation= evaluates on held-out training images and never reads the test set: "
+                         "do not pass n_test= with it")
+    held = validation or 0
+    split = "validation" if held else "test"
+
+    def sizes(train, evaluation) -> tuple[int, int, range]:
+        n_read = min(n_train or len(train), len(train))
+        if held and n_read - held < recipe.batch_size:
+            raise ValueError(f"validation={held} leaves {n_read - held} of the {n_read} training images to train on, "
+                             f"fewer than one batch of {recipe.batch_size}: hold out fewer images")
+        if held:
+            return n_read - held, held, range(n_read - held, n_read)
+        n_te = min(n_test or len(evaluation), len(evaluation))
+        return n_read, n_te, range(n_te)
+
     if recipe.data == "preload":
-        train, test = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, None, None, verbose)
-        n_tr = min(n_train or len(train), len(train))
-        n_te = min(n_test or len(test), len(test))
-        out = RaceData(train.source, train.is_generated, n_tr, n_te, "preload")
+        train, evaluation = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, None, None, verbose, bool(held))
+        n_tr, n_te, rows = sizes(train, evaluation)
+        out = RaceData(train.source, train.is_generated, n_tr, n_te, "preload", split=split)
         out.train_x = _normalise(train.data[:n_tr], device, recipe.channels_last)
         out.train_y = torch.as_tensor(train.targets[:n_tr]).to(device)
-        out.test_x = _normalise(test.data[:n_te], device, recipe.channels_last)
-        out.test_y = torch.as_tensor(test.targets[:n_te]).to(device)
+        out.test_x = _normalise(evaluation.data[rows.start:rows.stop], device, recipe.channels_last)
+        out.test_y = torch.as_tensor(evaluation.targets[rows.start:rows.stop]).to(device)
         if n_tr < recipe.batch_size:
             raise ValueError(f"batch_size={recipe.batch_size} is more than the {n_tr} training images: use a smaller batch")
         return out
@@ -115,21 +137,20 @@ def load_race_data(recipe: Recipe, device: torch.device | str, *, data_dir=None,
     if recipe.flip:
         steps.append(v2.RandomHorizontalFlip())
     steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(data.CIFAR10_MEAN, data.CIFAR10_STD)]
-    train, test = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, v2.Compose(steps),
-                                 data.test_transform(), verbose)
-    n_tr = min(n_train or len(train), len(train))
-    n_te = min(n_test or len(test), len(test))
+    train, evaluation = _open_datasets(data_dir, generated, n_gen_train, n_gen_test, v2.Compose(steps),
+                                       data.test_transform(), verbose, bool(held))
+    n_tr, n_te, rows = sizes(train, evaluation)
     if n_tr < recipe.batch_size:
         raise ValueError(f"batch_size={recipe.batch_size} is more than the {n_tr} training images: use a smaller batch")
-    out = RaceData(train.source, train.is_generated, n_tr, n_te, "loader")
+    out = RaceData(train.source, train.is_generated, n_tr, n_te, "loader", split=split)
     workers = recipe.num_workers
     out.train_loader = data.make_loader(
         Subset(train, range(n_tr)) if n_tr < len(train) else train, recipe.batch_size, shuffle=True,
         num_workers=workers, pin_memory=device.type == "cuda", drop_last=True, seed=recipe.seed,
         persistent_workers=workers > 0)
     out.test_loader = data.make_loader(
-        Subset(test, range(n_te)) if n_te < len(test) else test, recipe.eval_batch_size, shuffle=False,
-        num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+        Subset(evaluation, rows) if len(rows) < len(evaluation) else evaluation, recipe.eval_batch_size,
+        shuffle=False, num_workers=workers, pin_memory=device.type == "cuda", persistent_workers=workers > 0)
     return out
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -28,10 +28,15 @@ SMOKE_DATA = {"n_train": 2048, "n_test": 500}  # generated images (train / test)
 
 DATA_MODES = ("preload", "loader")
 
-TIMING_RULES = ("clock starts before the dataset is read; data loading (and preloading to the device), model "
-                "building, training, and the evaluation after every epoch are counted; torch.compile's first "
-                "calls are counted unless the recipe sets exclude_compile (then timed apart as compile_s); "
-                "device start-up (CUDA context) is not counted; every clock reading follows a synchronize")
+#: The race's rule, stored in every record (an attempt made under another rule is not ranked with these).
+RACE_RULE = "fixed epochs, one test evaluation"
+
+TIMING_RULES = ("the recipe's epochs are all trained (nothing looks at the test set during training); the test set "
+                "is evaluated once, after the last epoch; the clock starts before the dataset is read; data loading "
+                "(and preloading to the device), model building, training and that one evaluation are counted; "
+                "torch.compile's first calls are counted unless the recipe sets exclude_compile (then timed apart "
+                "as compile_s); device start-up (CUDA context) is not counted; every clock reading follows a "
+                "synchronize")
 
 # --------------------------------------------------------------------------------------------------
 # Models
@@ -51,8 +56,9 @@ class Recipe(TrainConfig):
     documented there, all usable here: EMA, progressive resizing, label smoothing) plus the race's own fields
     below. Invalid values raise a one-line ``ValueError``.
 
-    ``epochs`` is the schedule's length (the learning rate reaches its end value after ``epochs`` epochs); the
-    race stops earlier when the target is reached. ``tta`` is the one test-time augmentation of the package
+    ``epochs`` is the schedule's length (the learning rate reaches its end value after ``epochs`` epochs), and
+    the race trains all of them before it looks at the test set (:data:`RACE_RULE`): choose it on a validation
+    split (:func:`dlo.lessons.race.validation_run`), never on the test set. ``tta`` is the one test-time augmentation of the package
     (:func:`dlo.training.evaluate.evaluate`: mean of the softmax of the image and of its mirror).
     """
 
@@ -148,7 +154,7 @@ def reference_recipe() -> Recipe:
     ResNet-9 at full width, batch 512, SGD with Nesterov momentum on a one-cycle schedule, label smoothing
     0.2, bf16 autocast, channels_last, the dataset preloaded on the GPU and augmented there (random crop with
     reflection padding + flip), flip TTA, cudnn.benchmark, torch.compile (its warm-up, with cuDNN's autotuning,
-    timed apart), 18 epochs at most."""
+    timed apart), 18 epochs."""
     return Recipe(name="reference", model="resnet9", width=64, batch_size=512, epochs=18, optimizer="sgd_nesterov",
                   schedule="onecycle", lr=0.4, momentum=0.9, weight_decay=5e-4, warmup_frac=0.25,
                   label_smoothing=0.2, amp="bf16", channels_last=True, cudnn_benchmark=True, compile=True,

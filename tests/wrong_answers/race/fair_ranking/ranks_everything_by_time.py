@@ -4,5 +4,5 @@ EXPECT = "cannot be ranked with yours"
 
 def fair_ranking(attempts, mine):
     reached = sorted((a for a in attempts if a.get("reached")), key=lambda a: a["time_to_target_s"])
-    others = sorted((a for a in attempts if not a.get("reached")), key=lambda a: -a["best_accuracy"])
+    others = sorted((a for a in attempts if not a.get("reached")), key=lambda a: -a["accuracy"])
     return [a["name"] for a in reached + others]

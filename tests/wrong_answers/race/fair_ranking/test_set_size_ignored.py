@@ -8,5 +8,5 @@ def fair_ranking(attempts, mine):
         raise ValueError(f"{mine.get('name')!r} lacks target, data, n_test, hardware or versions")
     same = [a for a in attempts if all(a.get(k) == mine[k] for k in fields) and (a.get("versions") or {}).get("torch")]
     reached = sorted((a for a in same if a["reached"]), key=lambda a: a["time_to_target_s"])
-    others = sorted((a for a in same if not a["reached"]), key=lambda a: -a["best_accuracy"])
+    others = sorted((a for a in same if not a["reached"]), key=lambda a: -a["accuracy"])
     return [a["name"] for a in reached + others]

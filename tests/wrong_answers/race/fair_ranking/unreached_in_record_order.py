@@ -1,7 +1,7 @@
-"""Sorts by time only: the attempts that never reached the target stay in the file's order, not by best accuracy."""
+"""Sorts by time only: the attempts that never reached the target stay in the file's order, not by test accuracy."""
 import math
 
-EXPECT = "by best accuracy"
+EXPECT = "by test accuracy"
 
 
 def fair_ranking(attempts, mine):
