@@ -84,7 +84,7 @@ COMPAT_TESTS ?= tests/test_fsdp.py tests/test_fsdp_prefetch.py tests/test_pipeli
 	tests/test_llama.py tests/test_jit.py tests/test_models.py tests/test_grid.py tests/test_gpu_check.py \
 	tests/test_layers.py tests/test_train.py tests/test_resume_switches.py tests/test_security.py tests/test_bench.py \
 	tests/test_augment.py tests/test_memory.py tests/test_launcher.py tests/test_context.py tests/test_experts.py tests/test_attention.py \
-	tests/test_zero_bubble.py tests/test_grid_capstone.py tests/test_sequence_parallel.py tests/test_apis.py
+	tests/test_zero_bubble.py tests/test_grid_capstone.py tests/test_sequence_parallel.py tests/test_apis.py tests/test_race.py
 test-compat:
 	test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/python -m pip install -q $(COMPAT_TORCH)
