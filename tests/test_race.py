@@ -165,7 +165,7 @@ def test_time_budget_ends_the_training_not_the_evaluation(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- validation runs
 
-def test_a_validation_run_holds_out_training_images_and_never_reads_the_test_file(monkeypatch):
+def test_a_validation_run_holds_out_training_images_and_never_reads_the_test_file(monkeypatch, tmp_path):
     from dlo import data as dlo_data
 
     opened, real = [], dlo_data.cifar10
@@ -188,6 +188,11 @@ def test_a_validation_run_holds_out_training_images_and_never_reads_the_test_fil
                                                               [p["accuracy"] for p in curve], 0.01)
     assert rec["val_epochs_to_target"] == 1 and rec["final_accuracy"] == curve[-1]["accuracy"]
     assert "rule" not in rec and "accuracy" not in rec  # not a race: nothing a leaderboard could rank
+    fig = board.plot_validation(rec, path=tmp_path / "validation.png")
+    assert (tmp_path / "validation.png").stat().st_size > 0 and len(fig.axes) == 1
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 @pytest.mark.parametrize("mode", ["preload", "loader"])

@@ -226,10 +226,15 @@ def plot_race(records: Iterable[dict[str, Any]], target: float | None = None, pa
            ylabel="test accuracy (one evaluation)", title=title)
     ax_loss.set(xlabel="seconds on the race clock", ylabel="training loss (epoch mean)",
                 title="where the time went: one point per epoch")
-    for a in (ax, ax_loss):
+    return _finish(fig, (ax, ax_loss), path)
+
+
+def _finish(fig, axes, path):
+    """Time axes from 0, a light grid, the legend on the first axes; saved to ``path`` when given."""
+    for a in axes:
         a.set_xlim(left=0)
         a.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -253,14 +258,7 @@ def plot_validation(record: dict[str, Any], path: str | os.PathLike | None = Non
     ax.set(xlabel="seconds (training + a validation evaluation per epoch)",
            ylabel=f"accuracy on {record['n_val']} held-out training images",
            title="Choosing the epochs on a validation split (the test set is not read)")
-    ax.set_xlim(left=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=110)
-    return fig
+    return _finish(fig, (ax,), path)
 
 
 # --------------------------------------------------------------------------------------------------
