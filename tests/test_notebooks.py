@@ -133,7 +133,8 @@ def test_run_rejects_unknown_profile_in_one_line():
     res = _dlo("run", "Jour1/jour1.ipynb", "--profile", "fast")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "error: unknown profile 'fast': use 'smoke' (CPU, minutes, tiny data), 'full' (GPU node, real sizes) or 'auto'"]
+        "error: unknown profile 'fast': use 'smoke' (CPU, minutes, tiny data), 'full' (GPU node, real sizes), 'dry' (the "
+        "full profile's code paths on a CPU, scaled down) or 'auto'"]
 
 
 def test_run_rejects_unknown_parameter_and_missing_notebook():

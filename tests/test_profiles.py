@@ -81,3 +81,33 @@ def test_the_check_finds_a_missing_key_and_a_changed_kind():
     full = ast.parse('dict(a=[4], b=[8], c=dict(x=2), d=3, e=1)', mode="eval").body
     assert sorted(_differences(smoke, full, "")) == ["a: number in smoke, list in full", "c.y: in smoke only",
                                                       "e: in full only"]
+
+
+DRY = [p for p in NOTEBOOKS if "dry" in _profiles(p)]
+
+
+@pytest.mark.parametrize("path", DRY, ids=[p.name for p in DRY])
+def test_the_dry_profile_overrides_only_what_the_full_profile_has(path):
+    """'dry' rehearses the full profile on a CPU: its entry only overrides full settings (a key full lacks is a
+    typo that rehearses nothing), with values of the same kind."""
+    profiles = _profiles(path)
+    dry, full = _fields(profiles["dry"]), _fields(profiles["full"])
+    assert dry is not None and full is not None, f"{path.name}: PROFILES['dry'] and ['full'] must be dict(...) literals"
+    assert sorted(dry.keys() - full.keys()) == [], f"{path.name}: 'dry' overrides keys the full profile does not have"
+    assert [d for k in dry for d in _differences(full[k], dry[k], f"{k}.")] == []
+
+
+def test_profile_settings_merges_the_dry_overrides_into_the_full_profile():
+    from dlo.course.notebooks import is_full, profile_settings
+
+    table = {"smoke": {"n": 8, "sizes": [1]}, "full": {"n": 4096, "sizes": [1, 2, 4]}, "dry": {"n": 16}}
+    assert profile_settings(table, "dry") == {"n": 16, "sizes": [1, 2, 4]}
+    assert profile_settings(table, "smoke") == {"n": 8, "sizes": [1]}
+    got = profile_settings(table, "full")
+    got["n"] = 0
+    assert table["full"]["n"] == 4096  # a copy: a notebook's edits do not leak into its table
+    assert is_full("dry") and is_full("full") and not is_full("smoke")
+    with pytest.raises(ValueError, match="overrides typo, which the full profile does not have"):
+        profile_settings({**table, "dry": {"typo": 1}}, "dry")
+    with pytest.raises(ValueError, match="has no 'dry' profile"):
+        profile_settings({"smoke": {}, "full": {}}, "dry")

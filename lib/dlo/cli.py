@@ -1,6 +1,6 @@
 """``dlo``: the workbook's command line.
 
-    dlo run NOTEBOOK [--profile smoke|full|auto] [-p NAME VALUE ...]   execute a notebook (papermill,
+    dlo run NOTEBOOK [--profile smoke|full|dry|auto] [-p NAME VALUE ...] execute a notebook (papermill,
                                               or --engine plain: its code cells in this Python, no Jupyter);
                                               --dry-run: check the arguments only, start nothing
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="execute a notebook with papermill into runs/<name>/")
     r.add_argument("notebook")
-    r.add_argument("--profile", default="auto", help="smoke (CPU, minutes), full (GPU node) or auto (default)")
+    r.add_argument("--profile", default="auto", help="smoke (CPU, minutes), full (GPU node), dry (the full profile's code paths on a CPU, "
+                        "scaled down: rehearse a GPU job) or auto (default)")
     r.add_argument("-p", "--param", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a notebook parameter (repeatable); values are Python literals or strings")
     r.add_argument("--out-dir", default=None, help="where the executed notebook goes (default runs/<name>/)")

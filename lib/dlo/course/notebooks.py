@@ -21,12 +21,12 @@ import ast
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from dlo.runtime.paths import ROOT
 
 COURSE_DIRS = ("Jour1", "Jour2", "Jour3", "Jour4", "tp_fsdp", "tp_pipeline", "tp_tensor_parallel")
-PROFILES = ("smoke", "full")
+PROFILES = ("smoke", "full", "dry")
 
 
 class NotebookError(RuntimeError):
@@ -50,15 +50,43 @@ KERNEL_GUARD = (
 
 
 def resolve_profile(profile: str) -> str:
-    """'smoke' | 'full' | 'auto' (full when a CUDA GPU is visible, else smoke) -> 'smoke' or 'full'."""
+    """'smoke' | 'full' | 'dry' | 'auto' (full when a CUDA GPU is visible, else smoke) -> 'smoke', 'full' or 'dry'.
+
+    'dry' is the full profile rehearsed on a CPU: the full profile's lists, choices and branches, with only the
+    sizes that make it long scaled down (see :func:`profile_settings`), so that a crash in code that only the
+    full profile reaches shows up in minutes on a laptop or in CI, not hours into a GPU job."""
     if profile == "auto":
         import torch
 
         return "full" if torch.cuda.is_available() else "smoke"
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: use 'smoke' (CPU, minutes, tiny data), "
-                         "'full' (GPU node, real sizes) or 'auto'")
+                         "'full' (GPU node, real sizes), 'dry' (the full profile's code paths on a CPU, scaled "
+                         "down) or 'auto'")
     return profile
+
+
+def is_full(profile: str) -> bool:
+    """Whether ``profile`` takes the full profile's code paths ('full', and its CPU rehearsal 'dry')."""
+    return resolve_profile(profile) in ("full", "dry")
+
+
+def profile_settings(profiles: Mapping[str, Mapping[str, Any]], profile: str) -> dict[str, Any]:
+    """The settings a notebook runs with, from its ``PROFILES`` table.
+
+    'smoke' and 'full' are their own entries. 'dry' is ``PROFILES["full"]`` with the overrides of
+    ``PROFILES["dry"]``: by convention, only sizes (data, widths, steps, repeats, a list's *length*) are
+    overridden there, never what decides which code runs; a key that the full profile does not have is an
+    error (a typo would otherwise rehearse nothing). Every call returns a new dict."""
+    name = resolve_profile(profile)
+    if name != "dry":
+        return dict(profiles[name])
+    if "dry" not in profiles:
+        raise ValueError("this notebook has no 'dry' profile (PROFILES['dry'], the full profile's size overrides)")
+    unknown = sorted(set(profiles["dry"]) - set(profiles["full"]))
+    if unknown:
+        raise ValueError(f"PROFILES['dry'] overrides {', '.join(unknown)}, which the full profile does not have")
+    return {**profiles["full"], **profiles["dry"]}
 
 
 def strip_outputs(nb: dict[str, Any]) -> dict[str, Any]:
