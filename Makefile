@@ -13,7 +13,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PROFILE ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: all install run test test-fast test-browser test-compat gpu-check student check-student lab clean distclean help
+.PHONY: all install run test test-fast test-browser test-compat test-dry gpu-check student check-student lab clean distclean help
 
 all: help
 
@@ -22,6 +22,7 @@ help:
 	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
 	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
 	@echo "make test-compat - the lib and distributed tests under torch 2.11 (what GPU nodes have), in .cache/venv-compat"
+	@echo "make test-dry    - every notebook's full profile rehearsed on a CPU (profile dry: full lists and branches, small sizes)"
 	@echo "make gpu-check - on a GPU node: every full-profile benchmark against its target -> results/"
 	@echo "make student  - regenerate the student notebooks from the sources"
 	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
@@ -61,6 +62,12 @@ test: $(STAMP)
 	    $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 	# every sentence the notebooks just wrote about a measured outcome, derived again from their fresh results.json
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py
+
+# Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),
+# each in its own Python (dlo run --engine plain), two at a time.
+test-dry: $(STAMP)
+	OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
+	    -n $(TEST_WORKERS) --dist load --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -m "not slow and not notebook" $(PYTEST_ARGS)

@@ -1,0 +1,41 @@
+"""Every notebook's full profile, rehearsed on a CPU: ``dlo run NOTEBOOK --engine plain --profile dry``.
+
+The ``dry`` profile is the notebook's ``full`` profile (its lists, branches and record writing) with only the
+sizes that make it long scaled down (``PROFILES["dry"]``, see :func:`dlo.course.notebooks.profile_settings`).
+Running it finds, in minutes on a CPU, a crash that only the full profile reaches, before a GPU job does.
+GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they sit behind small functions
+tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
+
+Run by ``make test-dry`` (and ``make test``); skipped otherwise, since each notebook starts its own Python.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dlo.course.notebooks import source_notebooks
+from dlo.runtime.paths import ROOT
+
+if not os.environ.get("DLO_DRY_PROFILES"):
+    pytest.skip("full-profile rehearsals: run them with `make test-dry`", allow_module_level=True)
+
+NOTEBOOKS = source_notebooks()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
+def test_the_full_profile_runs_on_a_cpu_scaled_down(path, tmp_path):
+    out = tmp_path / path.stem
+    env = {**os.environ, "DLO_RUNS_DIR": str(tmp_path), "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1",
+           "MPLBACKEND": "Agg"}
+    res = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
+                          "--out-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
+    assert res.returncode == 0, f"{path.relative_to(ROOT)} (profile dry) failed:\n{tail}"
+    results = out / "results.json"
+    if results.exists():  # what a notebook records says which profile produced it
+        profile = json.loads(results.read_text()).get("profile")
+        assert profile in (None, "dry"), f"{results}: recorded profile {profile!r}, ran 'dry'"
