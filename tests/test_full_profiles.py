@@ -97,7 +97,9 @@ class Report:
 
     def problem(self, key: str, gpus: int | None, what: str) -> None:
         where = "any GPU count" if gpus is None else f"{gpus} GPU(s)"
-        self.problems.append((key, gpus, f"{self.nb}: full[{key!r}] on {where}: {what}"))
+        entry = (key, gpus, f"{self.nb}: full[{key!r}] on {where}: {what}")
+        if entry not in self.problems:
+            self.problems.append(entry)
 
     def call(self, key: str, gpus: int | None, fn, *args, **kwargs):
         """``fn(*args, **kwargs)``; an exception is a problem (its first line), None returned."""
@@ -319,8 +321,12 @@ def v_hpo(rep: Report, nb: str) -> None:
         rep.call(key, None, sig.bind, {"lr": 0.05}, {}, device="cpu", seed=0, **kw)
         rep.require(S[key]["n_train"] + S[key]["n_val"] <= 50000, key, None,
                     f"n_train + n_val = {S[key]['n_train'] + S[key]['n_val']} is more than CIFAR-10's 50 000")
-    rep.call("threads", None, lambda: bench.torch_threads(S["threads"]).__enter__() or None)
-    torch.set_num_threads(torch.get_num_threads())
+
+    def threads():  # the notebook's `with bench.torch_threads(S["threads"]):` around every training
+        with bench.torch_threads(S["threads"]):
+            pass
+
+    rep.call("threads", None, threads)
     rep.require(S["ray_cpus"] is None or (isinstance(S["ray_cpus"], int) and S["ray_cpus"] > 0), "ray_cpus", None,
                 f"must be None (all cores) or a positive integer, got {S['ray_cpus']!r}")
     res = S["ray_resources"]
@@ -742,10 +748,14 @@ BAD_VALUES = [
     # a layout no node has (dp·pp·tp = 16 on an 8-GPU node)
     ("tp_pipeline/grid.ipynb", "layouts", [{"dp": 8, "pp": 1, "tp": 1}, {"dp": 4, "pp": 2, "tp": 2}],
      "cannot run on the largest node"),
-    # hidden 2050 / 16 heads: the model is refused
+    # an MLP width that tp=4 does not divide: the ParallelSwiGLU of the 4x1 layout would refuse it
     ("tp_tensor_parallel/tensor_parallel.ipynb", "model",
      dict(vocab=32000, hidden=2048, intermediate=5630, layers=8, heads=16, kv_heads=8, seq=1024, global_batch=8),
-     "intermediate_size"),
+     "tp=4 does not divide intermediate_size=5630"),
+    # 12 heads: tp=8 does not divide them (the 8x1 layout on an 8-GPU node)
+    ("tp_tensor_parallel/tensor_parallel.ipynb", "model",
+     dict(vocab=32000, hidden=1536, intermediate=5632, layers=8, heads=12, kv_heads=4, seq=1024, global_batch=8),
+     "tp=8 does not divide num_heads=12"),
     ("tp_tensor_parallel/attention.ipynb", "dtype", "bf16", "is not a floating torch dtype name"),
     ("tp_tensor_parallel/context_parallel.ipynb", "heads", "4:4,6:4", "num_heads=6 must be a multiple"),
     ("Jour3/recipes.ipynb", "batches", [(0, 256), (5, 0)], "batch_schedule"),
@@ -761,7 +771,8 @@ BAD_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("nb,key,value,expect", BAD_VALUES, ids=[f"{nb}-{key}" for nb, key, _, _ in BAD_VALUES])
+@pytest.mark.parametrize("nb,key,value,expect", BAD_VALUES,
+                         ids=[f"{nb}-{key}-{i}" for i, (nb, key, _, _) in enumerate(BAD_VALUES)])
 def test_a_bad_full_value_is_caught(monkeypatch, nb, key, value, expect):
     _set_full(monkeypatch, nb, key, value)
     problems = _problems_of(nb)
