@@ -620,6 +620,13 @@ def v_tensor_parallel(rep: Report, nb: str) -> None:
                 rep.call("sp_nproc", gpus, script._divisible, what, value, n, "sequence parallelism")
         rep.require(not [n for n in S["sp_nproc"] if n < 2], "sp_nproc", gpus,
                     f"sequence parallelism needs >= 2 processes, got {S['sp_nproc']}")
+        # the SP cell builds its table from the runs of sp_nproc <= nproc: none, and
+        # pd.DataFrame([]).set_index(["tp", "version"]) raises KeyError after the earlier launches
+        rep.require(bool(sp), "sp_nproc", gpus, f"no SP process count of {S['sp_nproc']} fits {S['nproc']} "
+                    "process(es): the SP table is empty and its set_index raises KeyError")
+        # the communication and DTensor tables keep tp > 1 runs only (launched for 2, 4, 8 <= nproc)
+        rep.require(len(plan) > 1, "nproc", gpus, f"{S['nproc']} process(es): no tp > 1 layout runs, the "
+                    "communication table is empty and the DTensor table's set_index('layout') raises KeyError")
 
 
 VALIDATORS = {
@@ -667,6 +674,10 @@ KNOWN = {
         "nproc=4 is fixed: on a 1-GPU node the 4 expert-parallel processes all take GPU 0 (NCCL refuses)",
     ("tp_fsdp/experts.ipynb", "nproc", 2):
         "nproc=4 is fixed: on a 2-GPU node init_distributed raises 'local rank 2 has no GPU of its own'",
+    ("tp_tensor_parallel/tensor_parallel.ipynb", "sp_nproc", 1):
+        "nproc=GPUs=1 but sp_nproc=[2, 4]: no SP run, the SP table's set_index(['tp', 'version']) raises KeyError",
+    ("tp_tensor_parallel/tensor_parallel.ipynb", "nproc", 1):
+        "nproc=GPUs=1: only the 1x1 layout runs, the DTensor table is empty: set_index('layout') raises KeyError",
     ("tp_fsdp/apis.ipynb", "nproc", 1):
         "nproc=max(2, GPUs): on a 1-GPU node both processes take GPU 0 and NCCL refuses duplicate GPUs",
 }
