@@ -37,7 +37,9 @@ GPU_COUNTS = (1, 2, 4, 8)
 # ----------------------------------------------------------------------------------------------------
 # Loading PROFILES the way the notebook defines it (setup cell + the PROFILES statement, nothing else)
 # ----------------------------------------------------------------------------------------------------
-def _sources(nb: str) -> tuple[str, str]:
+def _sources(nb: str) -> tuple[str, str, str]:
+    """(setup cell, preamble, PROFILES statement): the preamble is the plain assignments that come before
+    ``PROFILES = {...}`` in its cell (e.g. ``GPUS = torch.cuda.device_count()``), which the statement reads."""
     cells = json.loads((ROOT / nb).read_text())["cells"]
     setup = next((c for c in cells if "setup" in c.get("metadata", {}).get("tags", [])), None)
     for cell in cells:
@@ -46,9 +48,12 @@ def _sources(nb: str) -> tuple[str, str]:
         src = "".join(cell["source"])
         if "PROFILES" not in src:
             continue
+        preamble = []
         for node in ast.parse(src).body:
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "PROFILES" for t in node.targets):
-                return ("".join(setup["source"]) if setup else ""), ast.get_source_segment(src, node)
+                return ("".join(setup["source"]) if setup else ""), "\n".join(preamble), ast.get_source_segment(src, node)
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                preamble.append(ast.get_source_segment(src, node))
     raise AssertionError(f"{nb}: no `PROFILES = {{...}}` statement in a code cell")
 
 
@@ -59,13 +64,14 @@ _PROFILES: dict[tuple[str, int], dict] = {}
 def load_profiles(nb: str, gpus: int) -> dict:
     """The notebook's PROFILES dict as a node with ``gpus`` GPUs builds it (cached: tests may monkeypatch it)."""
     if (nb, gpus) not in _PROFILES:
-        setup, statement = _sources(nb)
+        setup, preamble, statement = _sources(nb)
         if nb not in _SETUP:
             g: dict = {"__name__": "__profiles__"}
             exec(compile(setup, f"{nb}:setup", "exec"), g)
             _SETUP[nb] = g
-        g = dict(_SETUP[nb])
+        g = dict(_SETUP[nb], profile="full")  # the parameters cell's `profile`, as a full run sets it
         with mock.patch("torch.cuda.device_count", return_value=gpus):
+            exec(compile(preamble, f"{nb}:before PROFILES", "exec"), g)
             exec(compile(statement, f"{nb}:PROFILES", "exec"), g)
         _PROFILES[(nb, gpus)] = g["PROFILES"]
     return _PROFILES[(nb, gpus)]
@@ -159,6 +165,15 @@ def _gpu_per_process(rep: Report, key: str, nproc: int, gpus: int) -> None:
                 "two ranks of one communicator on the same GPU")
 
 
+def _launch(rep: Report, key: str, gpus: int, script: str, args, nproc: int, timeout_s) -> None:
+    """What ``dlo.runtime.launch(script, args, nproc=..., timeout_s=...)`` checks before starting anything, then
+    which GPU each of its ranks would take."""
+    from dlo.runtime.launch import _check_request
+
+    if rep.call(key, gpus, _check_request, ROOT / script, [str(a) for a in args], nproc, timeout_s) is not None:
+        _gpu_per_process(rep, key, nproc, gpus)
+
+
 def _nproc_guard(rep: Report, gpus: int, nproc, least: int, reason: str) -> bool:
     """The notebook's own setup guard (``nproc < least`` raises ValueError with ``reason``): a refusal, not a crash."""
     if not isinstance(nproc, int) or nproc < least:
@@ -226,7 +241,11 @@ def v_ddp(rep: Report, nb: str) -> None:
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
         if _nproc_guard(rep, gpus, S["nproc"], 2, "DDP needs at least 2 processes (one per GPU)"):
-            _gpu_per_process(rep, "nproc", S["nproc"], gpus)
+            common = ["--width", S["width"], "--n-train", S["n_train"], "--max-steps", S["max_steps"],
+                      "--warmup-steps", S["warmup_steps"]]
+            _launch(rep, "nproc", gpus, "Jour2/ddp_train.py", common, S["nproc"], S["timeout_s"])
+            rep.call("per_rank_batch", gpus, ddp_train.parse_args,
+                     [str(a) for a in common + ["--global-batch", S["per_rank_batch"] * S["nproc"]]])
     S = _full(nb, 8)
     _positive_numbers(rep, "bucket_caps", S["bucket_caps"])
     runs = [{"name": f"bucket_cap_mb={cap:g}", "comm_view": True, "bucket_cap_mb": cap} for cap in S["bucket_caps"]]
@@ -242,7 +261,7 @@ def v_dp_scratch(rep: Report, nb: str) -> None:
         S = _full(nb, gpus)
         if _nproc_guard(rep, gpus, min(S["nprocs"]), 2, "data parallelism needs at least 2 processes (GPUs)"):
             for n in S["nprocs"]:
-                _gpu_per_process(rep, "nprocs", n, gpus)
+                _launch(rep, "nprocs", gpus, "Jour2/dp_scratch_train.py", [], n, S["timeout_s"])
     S = _full(nb, 8)
     _positive_numbers(rep, "bucket_mb", S["bucket_mb"])
     _positive_ints(rep, "hidden", S["hidden"])
@@ -384,7 +403,7 @@ def v_apis(rep: Report, nb: str) -> None:
         rep.require(S["model"] in apis.MODELS, "model", gpus, f"unknown model {S['model']!r}: {sorted(apis.MODELS)}")
         rep.require(S["fp8"]["model"] in apis.MODELS, "fp8", gpus, f"unknown model {S['fp8']['model']!r}")
         rep.call("global_batch", gpus, check_batch_divisible, S["global_batch"], S["nproc"])
-        _gpu_per_process(rep, "nproc", S["nproc"], gpus)
+        _launch(rep, "nproc", gpus, "tp_fsdp/apis_train.py", ["--model", S["model"]], S["nproc"], S["timeout_s"])
         for api, strategy in S["runs"]:  # the notebook's run(): deepspeed-<stage> split, then the same calls
             stage = None
             if strategy.startswith("deepspeed-"):
@@ -402,7 +421,9 @@ def v_experts(rep: Report, nb: str) -> None:
         if not isinstance(S["nproc"], int) or S["nproc"] < 2 or S["experts"] % S["nproc"]:
             rep.problem("nproc", gpus, f"the setup cell raises: nproc must be >= 2 and divide {S['experts']} experts")
             continue
-        _gpu_per_process(rep, "nproc", S["nproc"], gpus)
+        args = ["--configs", f"{S['experts']}:{S['top_k']}:none,{S['experts']}:{S['top_k']}:1.0", "--hidden",
+                S["hidden"], "--inter", S["inter"], "--batch-per-rank", S["batch_per_rank"], "--seq", S["seq"]]
+        _launch(rep, "nproc", gpus, "lib/dlo/parallel/experts_worker.py", args, S["nproc"], S["timeout_s"])
     S = _full(nb, 8)
     rep.require(0 < S["top_k"] <= S["experts"], "top_k", None, f"top_k {S['top_k']} not in 1..{S['experts']}")
     _positive_numbers(rep, "capacity_factors", S["capacity_factors"])
@@ -441,6 +462,7 @@ def v_fsdp(rep: Report, nb: str) -> None:
         args = rep.call("model", gpus, script.parse_args, argv)
         if args is None:
             continue
+        _launch(rep, "nproc", gpus, "tp_fsdp/fsdp_train.py", argv, n, S["timeout_s"])
         for name, a in rep.call("sweep", gpus, expand_runs, args, args.runs) or []:
             key = "sweep" if name.startswith("sweep") else "precision"
             rep.call(key, gpus, tokens.per_rank_batch, a.global_batch, n)
@@ -454,6 +476,8 @@ def v_grid(rep: Report, nb: str) -> None:
     from dlo.models.config import TransformerConfig
     from dlo.parallel.grid_step import why_invalid
     from dlo.runtime import Grid
+
+    grid_train = _script("tp_pipeline/grid_train.py")
 
     def config(S):
         return TransformerConfig(vocab_size=S["vocab"], hidden_size=S["hidden"], intermediate_size=S["intermediate"],
@@ -474,6 +498,14 @@ def v_grid(rep: Report, nb: str) -> None:
             if reason is None:
                 run.append(layout)
                 rep.call("layouts", gpus, Grid, S["nproc"], **layout)
+                argv = [str(a) for a in ("--layers", S["layers"], "--hidden", S["hidden"], "--heads", S["heads"],
+                                         "--kv-heads", S["kv_heads"], "--intermediate", S["intermediate"], "--vocab",
+                                         S["vocab"], "--seq", S["seq"], "--batch", S["batch"], "--micro-batches",
+                                         S["micro_batches"], "--steps", S["steps"], "--warmup-steps", S["warmup_steps"],
+                                         "--dp", layout["dp"], "--pp", layout["pp"], "--tp", layout["tp"],
+                                         "--schedules", "1f1b", "--compare")]
+                rep.call("layouts", gpus, grid_train.parse_args, argv)
+                _launch(rep, "nproc", gpus, "tp_pipeline/grid_train.py", argv, S["nproc"], S["timeout_s"])
             else:
                 rep.skipped.append((gpus, layout, reason))
                 if S["nproc"] == max(GPU_COUNTS):  # no node can run it: a dead entry of the profile
@@ -497,7 +529,6 @@ def v_pipeline(rep: Report, nb: str) -> None:
             continue
         runs_by_p = {}
         for n in S["nprocs"]:
-            _gpu_per_process(rep, "nprocs", n, gpus)
             ms = S["micro_batches"] if n == min(S["nprocs"]) else [m for m in S["micro_batches"] if m >= n][-1:]
             argv = ["--layers", S["layers"], "--hidden", S["hidden"], "--heads", S["heads"], "--vocab", S["vocab"],
                     "--seq", S["seq"], "--batch", S["batch"], "--steps", S["steps"], "--warmup-steps",
@@ -505,6 +536,7 @@ def v_pipeline(rep: Report, nb: str) -> None:
             args = rep.call("micro_batches", gpus, script.parse_args, [str(a) for a in argv])
             if args is None:
                 return
+            _launch(rep, "nprocs", gpus, "tp_pipeline/pipeline_train.py", argv, n, S["timeout_s"])
             runs, skipped = script.plan(args, n)
             rep.skipped += [(gpus, r["schedule"], r["micro_batches"], r["skipped"]) for r in skipped]
             ran |= {m for s, m in runs if s != "naive"}
@@ -578,7 +610,9 @@ def v_context_parallel(rep: Report, nb: str) -> None:
         for cp in (1, 2, 4):  # the memory cell slices seq // cp tokens per rank
             rep.require(seq % cp == 0, "memory_seqs", None, f"{seq} tokens do not split over cp={cp}")
     for gpus in GPU_COUNTS:
-        _gpu_per_process(rep, "nproc", _full(nb, gpus)["nproc"], gpus)
+        S = _full(nb, gpus)
+        _launch(rep, "nproc", gpus, "lib/dlo/parallel/context_worker.py",
+                ["--seq", S["seq"], "--heads", S["heads"], "--causal", "1", "--torch-cp"], S["nproc"], S["timeout_s"])
 
 
 def v_tensor_parallel(rep: Report, nb: str) -> None:
@@ -605,7 +639,7 @@ def v_tensor_parallel(rep: Report, nb: str) -> None:
                                  if n <= S["nproc"]]
         sp = [n for n in S["sp_nproc"] if n <= S["nproc"]]
         for n, layouts in plan:
-            _gpu_per_process(rep, "nproc", n, gpus)
+            _launch(rep, "nproc", gpus, "tp_tensor_parallel/tp_balises.py", ["--layouts", *layouts], n, S["timeout_s"])
             for layout in layouts:
                 tp, dp = (int(v) for v in layout.split("x"))
                 rep.call("model", gpus, script.dp_group_ranks, n, tp, dp)
@@ -615,6 +649,7 @@ def v_tensor_parallel(rep: Report, nb: str) -> None:
                 rep.require(m["global_batch"] % dp == 0, "model", gpus,
                             f"global_batch {m['global_batch']} is not divisible by dp={dp} (layout {layout})")
         for n in sp:  # sequence parallelism: the sequence is cut in n, the model's heads too
+            _launch(rep, "sp_nproc", gpus, "tp_tensor_parallel/tp_balises.py", ["--sp"], n, S["timeout_s"])
             for what, value in (("seq", m["seq"]), ("num_heads", m["heads"]), ("num_kv_heads", m["kv_heads"]),
                                 ("intermediate_size", m["intermediate"]), ("vocab_size", m["vocab"])):
                 rep.call("sp_nproc", gpus, script._divisible, what, value, n, "sequence parallelism")
