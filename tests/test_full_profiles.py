@@ -2,7 +2,8 @@
 
 CI runs the smoke profile only; a full-profile value that the code rejects would stop a GPU job hours in.
 For each notebook (not the student copies) the ``PROFILES = {...}`` statement is found with ``ast`` and run
-after the notebook's ``setup`` cell only (nothing else of the notebook runs), with ``torch.cuda.device_count``
+after the notebook's ``setup`` cell only (nothing else of the notebook runs but the plain assignments before
+the statement in its cell, which it may read, e.g. ``GPUS = ...``), with ``torch.cuda.device_count``
 answering 1, 2, 4 and 8 (the GPU nodes the full profile runs on). Each value the later cells hand to the
 library is then checked with the same functions or constructors those cells call (the scripts' own
 ``parse_args``/``why_invalid``/``plan``, ``TrainConfig``, ``Recipe``, ``why_invalid`` of the grid, ...); where
@@ -174,10 +175,14 @@ def _launch(rep: Report, key: str, gpus: int, script: str, args, nproc: int, tim
         _gpu_per_process(rep, key, nproc, gpus)
 
 
-def _nproc_guard(rep: Report, gpus: int, nproc, least: int, reason: str) -> bool:
-    """The notebook's own setup guard (``nproc < least`` raises ValueError with ``reason``): a refusal, not a crash."""
+def _nproc_guard(rep: Report, gpus: int, nproc, least: int, reason: str, most: int | None = None) -> bool:
+    """The notebook's own setup guard: ``nproc < least`` raises ValueError with ``reason`` and, where the notebook
+    checks it on GPUs, ``nproc > most`` (more processes than GPUs): a refusal before anything runs, not a crash."""
     if not isinstance(nproc, int) or nproc < least:
         rep.refused[gpus] = reason
+        return False
+    if most is not None and nproc > most:
+        rep.refused[gpus] = f"{nproc} processes but {most} GPU(s): NCCL needs one GPU per process"
         return False
     return True
 
@@ -240,7 +245,7 @@ def v_ddp(rep: Report, nb: str) -> None:
     ddp_train = _script("Jour2/ddp_train.py")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if _nproc_guard(rep, gpus, S["nproc"], 2, "DDP needs at least 2 processes (one per GPU)"):
+        if _nproc_guard(rep, gpus, S["nproc"], 2, "DDP needs at least 2 processes (one per GPU)", most=gpus):
             common = ["--width", S["width"], "--n-train", S["n_train"], "--max-steps", S["max_steps"],
                       "--warmup-steps", S["warmup_steps"]]
             _launch(rep, "nproc", gpus, "Jour2/ddp_train.py", common, S["nproc"], S["timeout_s"])
@@ -259,7 +264,8 @@ def v_dp_scratch(rep: Report, nb: str) -> None:
     script = _script("Jour2/dp_scratch_train.py")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if _nproc_guard(rep, gpus, min(S["nprocs"]), 2, "data parallelism needs at least 2 processes (GPUs)"):
+        if _nproc_guard(rep, gpus, min(S["nprocs"]), 2, "data parallelism needs at least 2 processes (GPUs)") and \
+                _nproc_guard(rep, gpus, max(S["nprocs"]), 2, "", most=gpus):
             for n in S["nprocs"]:
                 _launch(rep, "nprocs", gpus, "Jour2/dp_scratch_train.py", [], n, S["timeout_s"])
     S = _full(nb, 8)
@@ -525,7 +531,8 @@ def v_pipeline(rep: Report, nb: str) -> None:
     ran, why_not = set(), {}  # micro-batch counts some schedule runs with, on some node; why the others do not
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if not _nproc_guard(rep, gpus, min(S["nprocs"]), 2, "a pipeline needs at least 2 stages (GPUs)"):
+        if not (_nproc_guard(rep, gpus, min(S["nprocs"]), 2, "a pipeline needs at least 2 stages (GPUs)")
+                and _nproc_guard(rep, gpus, max(S["nprocs"]), 2, "", most=gpus)):
             continue
         runs_by_p = {}
         for n in S["nprocs"]:
@@ -824,6 +831,16 @@ def test_a_bad_full_value_is_caught(monkeypatch, nb, key, value, expect):
     problems = _problems_of(nb)
     hits = [p for p in problems if f"full[{key!r}]" in p and expect in p]
     assert hits, f"{nb}: full[{key!r}] = {value!r} was not caught (expected {expect!r}); problems: {problems}"
+
+
+def test_more_processes_than_gpus_is_a_refusal_on_those_nodes(monkeypatch):
+    nb = "Jour2/dp_scratch.ipynb"
+    for gpus in GPU_COUNTS:  # a world size of 8 added to the GPU count's: nodes of 2 or 4 GPUs refuse it
+        monkeypatch.setitem(load_profiles(nb, gpus)["full"], "nprocs", sorted({gpus, 8}))
+    rep = check(nb)
+    assert sorted(rep.refused) == [1, 2, 4] and "8 processes but 2 GPU(s)" in rep.refused[2], rep.refused
+    with pytest.raises(AssertionError, match="refuses the full profile on \\[1, 2, 4\\] GPU"):
+        test_full_profile(nb)
 
 
 def test_a_full_only_key_is_caught(monkeypatch):
