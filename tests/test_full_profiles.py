@@ -366,6 +366,7 @@ def v_hpo(rep: Report, nb: str) -> None:
 
 
 def v_inference(rep: Report, nb: str) -> None:
+    from dlo.models import small
     from dlo.models.config import TransformerConfig
     from dlo.models.llama import Llama
 
@@ -382,6 +383,10 @@ def v_inference(rep: Report, nb: str) -> None:
     if rep.require(isinstance(cfg, TransformerConfig), "llama", None, f"must be a TransformerConfig, got {cfg!r}"):
         rep.call("llama", None, dataclasses.replace, cfg)
         rep.call("llama", None, _meta_params, lambda: Llama(cfg, seed=0))
+        # the generation section's Hugging Face model (its rotary embeddings take any position: the longest
+        # context + 1 may pass max_position_embeddings without an error)
+        rep.call("llama", None, cfg.to_hf, bos_token_id=None, eos_token_id=None)
+    rep.call("mlp_hidden", None, _meta_params, lambda: small.MLP(hidden=S["mlp_hidden"]))
 
 
 def v_llm_memory(rep: Report, nb: str) -> None:
