@@ -104,7 +104,8 @@ class Report:
 
     def problem(self, key: str, gpus: int | None, what: str) -> None:
         where = "any GPU count" if gpus is None else f"{gpus} GPU(s)"
-        entry = (key, gpus, f"{self.nb}: full[{key!r}] on {where}: {what}")
+        label = "PROFILES['dry']" if key == "dry" else f"full[{key!r}]"
+        entry = (key, gpus, f"{self.nb}: {label} on {where}: {what}")
         if entry not in self.problems:
             self.problems.append(entry)
 
@@ -739,6 +740,11 @@ def check(nb: str) -> Report:
             rep.problem(",".join(sorted(set(prof["full"]) ^ set(prof["smoke"]))), gpus,
                         f"full and smoke define different keys: only in full {sorted(set(prof['full']) - set(prof['smoke']))}, "
                         f"only in smoke {sorted(set(prof['smoke']) - set(prof['full']))}")
+    if "dry" in load_profiles(nb, 8):  # the full profile rehearsed on a CPU: its overrides must be full-profile keys
+        from dlo.course.notebooks import profile_settings
+
+        for gpus in GPU_COUNTS:
+            rep.call("dry", gpus, profile_settings, load_profiles(nb, gpus), "dry")
     for key in set(full) & set(smoke):  # the same kind of value (ints and floats mix)
         a, b = smoke[key], full[key]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
@@ -862,6 +868,13 @@ def test_more_processes_than_gpus_is_a_refusal_on_those_nodes(monkeypatch):
     assert sorted(rep.refused) == [1, 2, 4] and "8 processes but 2 GPU(s)" in rep.refused[2], rep.refused
     with pytest.raises(AssertionError, match="refuses the full profile on \\[1, 2, 4\\] GPU"):
         _assert_runs_or_refuses(check(nb))
+
+
+def test_a_dry_override_of_no_full_key_is_caught(monkeypatch):
+    nb = "Jour2/ddp.ipynb"
+    for gpus in GPU_COUNTS:
+        monkeypatch.setitem(load_profiles(nb, gpus), "dry", {"max_step": 4})
+    assert any("PROFILES['dry'] on 8 GPU(s)" in p and "max_step" in p for p in _problems_of(nb))
 
 
 def test_a_full_only_key_is_caught(monkeypatch):
