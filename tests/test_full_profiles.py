@@ -196,6 +196,9 @@ def v_jour1(rep: Report, nb: str) -> None:
 
     S = _full(nb, 8)
     _positive_ints(rep, "sweep", S["sweep"])
+    # largest_batch (the exercise) stops at the first out-of-memory batch: sizes must grow, or some are never tried
+    rep.require(list(S["sweep"]) == sorted(set(S["sweep"])), "sweep", None,
+                f"must be increasing (the sweep stops at the first batch that does not fit), got {S['sweep']}")
     for key in ("batch_size", "profile_batch", "train_batch", "train_epochs", "n_batches", "repeats", "baseline_repeats"):
         _positive_ints(rep, key, [S[key]])
     rep.call("train_width", None, _meta_params, lambda: resnet18_cifar(width=S["train_width"]))
