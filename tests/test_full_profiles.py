@@ -101,6 +101,7 @@ def _script(path: str) -> types.ModuleType:
 class Report:
     def __init__(self, nb: str):
         self.nb, self.problems, self.refused, self.skipped = nb, [], {}, []
+        self.guards: set[tuple[int, str]] = set()  # the (least, what) of the check_processes guard the test assumes
 
     def problem(self, key: str, gpus: int | None, what: str) -> None:
         where = "any GPU count" if gpus is None else f"{gpus} GPU(s)"
@@ -176,14 +177,16 @@ def _launch(rep: Report, key: str, gpus: int, script: str, args, nproc: int, tim
         _gpu_per_process(rep, key, nproc, gpus)
 
 
-def _nproc_guard(rep: Report, gpus: int, nproc, least: int, reason: str, most: int | None = None) -> bool:
-    """The notebook's own setup guard: ``nproc < least`` raises ValueError with ``reason`` and, where the notebook
-    checks it on GPUs, ``nproc > most`` (more processes than GPUs): a refusal before anything runs, not a crash."""
-    if not isinstance(nproc, int) or nproc < least:
-        rep.refused[gpus] = reason
-        return False
-    if most is not None and nproc > most:
-        rep.refused[gpus] = f"{nproc} processes but {most} GPU(s): NCCL needs one GPU per process"
+def _guard(rep: Report, gpus: int, nprocs, least: int, what: str) -> bool:
+    """The notebook's setup guard, ``dlo.runtime.check_processes(nprocs, device, least=..., what=...)``, on a node of
+    ``gpus`` GPUs: too few processes, or more processes than GPUs, is a refusal (one line, before anything runs)."""
+    from dlo.runtime import check_processes
+
+    rep.guards.add((least, what))
+    try:
+        check_processes(nprocs, "cuda", least=least, what=what, gpus=gpus)
+    except ValueError as exc:
+        rep.refused[gpus] = str(exc)
         return False
     return True
 
@@ -249,7 +252,7 @@ def v_ddp(rep: Report, nb: str) -> None:
     ddp_train = _script("Jour2/ddp_train.py")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if _nproc_guard(rep, gpus, S["nproc"], 2, "DDP needs at least 2 processes (one per GPU)", most=gpus):
+        if _guard(rep, gpus, S["nproc"], 2, "DDP"):
             common = ["--width", S["width"], "--n-train", S["n_train"], "--max-steps", S["max_steps"],
                       "--warmup-steps", S["warmup_steps"]]
             _launch(rep, "nproc", gpus, "Jour2/ddp_train.py", common, S["nproc"], S["timeout_s"])
@@ -268,8 +271,7 @@ def v_dp_scratch(rep: Report, nb: str) -> None:
     script = _script("Jour2/dp_scratch_train.py")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if _nproc_guard(rep, gpus, min(S["nprocs"]), 2, "data parallelism needs at least 2 processes (GPUs)") and \
-                _nproc_guard(rep, gpus, max(S["nprocs"]), 2, "", most=gpus):
+        if _guard(rep, gpus, S["nprocs"], 2, "data parallelism"):
             for n in S["nprocs"]:
                 _launch(rep, "nprocs", gpus, "Jour2/dp_scratch_train.py", [], n, S["timeout_s"])
     S = _full(nb, 8)
@@ -417,6 +419,8 @@ def v_apis(rep: Report, nb: str) -> None:
         S = _full(nb, gpus)
         rep.require(S["model"] in apis.MODELS, "model", gpus, f"unknown model {S['model']!r}: {sorted(apis.MODELS)}")
         rep.require(S["fp8"]["model"] in apis.MODELS, "fp8", gpus, f"unknown model {S['fp8']['model']!r}")
+        if not _guard(rep, gpus, S["nproc"], 2, "sharded training"):
+            continue
         rep.call("global_batch", gpus, check_batch_divisible, S["global_batch"], S["nproc"])
         _launch(rep, "nproc", gpus, "tp_fsdp/apis_train.py", ["--model", S["model"]], S["nproc"], S["timeout_s"])
         for api, strategy in S["runs"]:  # the notebook's run(): deepspeed-<stage> split, then the same calls
@@ -435,6 +439,8 @@ def v_experts(rep: Report, nb: str) -> None:
         S = _full(nb, gpus)
         if not isinstance(S["nproc"], int) or S["nproc"] < 2 or S["experts"] % S["nproc"]:
             rep.problem("nproc", gpus, f"the setup cell raises: nproc must be >= 2 and divide {S['experts']} experts")
+            continue
+        if not _guard(rep, gpus, S["nproc"], 2, "expert parallelism"):
             continue
         args = ["--configs", f"{S['experts']}:{S['top_k']}:none,{S['experts']}:{S['top_k']}:1.0", "--hidden",
                 S["hidden"], "--inter", S["inter"], "--batch-per-rank", S["batch_per_rank"], "--seq", S["seq"]]
@@ -460,7 +466,7 @@ def v_fsdp(rep: Report, nb: str) -> None:
         rep.call("model", None, memory.count_parameters, cfg)
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if not _nproc_guard(rep, gpus, S["nproc"], 1, "nproc must be a positive integer (GPUs)"):
+        if not _guard(rep, gpus, S["nproc"], 1, "FSDP"):
             continue
         P, n = S["precision"], S["nproc"]
         rep.call("precision", gpus, script.mixed_precision_policy, P)
@@ -501,7 +507,7 @@ def v_grid(rep: Report, nb: str) -> None:
 
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if not _nproc_guard(rep, gpus, S["nproc"], 2, "the full profile needs several GPUs"):
+        if not _guard(rep, gpus, S["nproc"], 2, "the 3D grid"):
             continue
         cfg = rep.call("layouts", gpus, config, S)
         if cfg is None:
@@ -540,8 +546,7 @@ def v_pipeline(rep: Report, nb: str) -> None:
     ran, why_not = set(), {}  # micro-batch counts some schedule runs with, on some node; why the others do not
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if not (_nproc_guard(rep, gpus, min(S["nprocs"]), 2, "a pipeline needs at least 2 stages (GPUs)")
-                and _nproc_guard(rep, gpus, max(S["nprocs"]), 2, "", most=gpus)):
+        if not _guard(rep, gpus, S["nprocs"], 2, "a pipeline (one stage per process)"):
             continue
         runs_by_p = {}
         for n in S["nprocs"]:
@@ -627,6 +632,8 @@ def v_context_parallel(rep: Report, nb: str) -> None:
             rep.require(seq % cp == 0, "memory_seqs", None, f"{seq} tokens do not split over cp={cp}")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
+        if not _guard(rep, gpus, S["nproc"], 2, "the context-parallel ring"):
+            continue
         _launch(rep, "nproc", gpus, "lib/dlo/parallel/context_worker.py",
                 ["--seq", S["seq"], "--heads", S["heads"], "--causal", "1", "--torch-cp"], S["nproc"], S["timeout_s"])
 
@@ -637,7 +644,7 @@ def v_tensor_parallel(rep: Report, nb: str) -> None:
     script = _script("tp_tensor_parallel/tp_balises.py")
     for gpus in GPU_COUNTS:
         S = _full(nb, gpus)
-        if not _nproc_guard(rep, gpus, S["nproc"], 1, "nproc must be a positive number of processes"):
+        if not _guard(rep, gpus, S["nproc"], 2, "tensor parallelism"):
             continue
         m = S["model"]
         cfg = rep.call("model", gpus, TransformerConfig, vocab_size=m["vocab"], hidden_size=m["hidden"],
@@ -711,27 +718,16 @@ REFUSED = {
     "Jour2/dp_scratch.ipynb": {1},
     "tp_pipeline/grid.ipynb": {1, 2, 4},  # every full layout is 8 GPUs
     "tp_pipeline/pipeline.ipynb": {1},
+    "tp_fsdp/apis.ipynb": {1},  # two processes at least: one GPU cannot shard
+    "tp_fsdp/experts.ipynb": {1, 2},  # 4 processes (2 of the 8 experts each)
+    "tp_tensor_parallel/context_parallel.ipynb": {1, 2},  # a 4-process ring
+    "tp_tensor_parallel/tensor_parallel.ipynb": {1},  # tp x dp layouts need 2 processes at least
 }
 
 #: Real full-profile values that would crash: (notebook, key, GPU count) -> what happens. Each is an xfail of
 #: test_known_full_profile_crash (strict: it fails once fixed, so that the entry goes), and is left out of
 #: test_full_profile.
-KNOWN = {
-    ("tp_tensor_parallel/context_parallel.ipynb", "nproc", 1):
-        "nproc=4 is fixed: on a 1-GPU node the 4 ring processes all take GPU 0 and NCCL refuses duplicate GPUs",
-    ("tp_tensor_parallel/context_parallel.ipynb", "nproc", 2):
-        "nproc=4 is fixed: on a 2-GPU node init_distributed raises 'local rank 2 has no GPU of its own'",
-    ("tp_fsdp/experts.ipynb", "nproc", 1):
-        "nproc=4 is fixed: on a 1-GPU node the 4 expert-parallel processes all take GPU 0 (NCCL refuses)",
-    ("tp_fsdp/experts.ipynb", "nproc", 2):
-        "nproc=4 is fixed: on a 2-GPU node init_distributed raises 'local rank 2 has no GPU of its own'",
-    ("tp_tensor_parallel/tensor_parallel.ipynb", "sp_nproc", 1):
-        "nproc=GPUs=1 but sp_nproc=[2, 4]: no SP run, the SP table's set_index(['tp', 'version']) raises KeyError",
-    ("tp_tensor_parallel/tensor_parallel.ipynb", "nproc", 1):
-        "nproc=GPUs=1: only the 1x1 layout runs, the DTensor table is empty: set_index('layout') raises KeyError",
-    ("tp_fsdp/apis.ipynb", "nproc", 1):
-        "nproc=max(2, GPUs): on a 1-GPU node both processes take GPU 0 and NCCL refuses duplicate GPUs",
-}
+KNOWN: dict[tuple[str, str, int], str] = {}
 
 
 def check(nb: str) -> Report:
@@ -802,6 +798,22 @@ def _assert_runs_or_refuses(rep: Report) -> None:
         f"({'; '.join(f'{g}: {r}' for g, r in sorted(rep.refused.items()))}), expected {sorted(REFUSED.get(nb, set()))}")
 
 
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_the_guards_assumed_here_are_the_notebooks_own(nb):
+    """The refusals above assume the notebook calls ``check_processes(..., least=L, what=W)`` before launching: it
+    must, in its own code (a notebook without the guard would crash on those nodes instead of refusing)."""
+    calls = set()
+    for cell in json.loads((ROOT / nb).read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "check_processes":
+                kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg in ("least", "what")}
+                calls.add((kw.get("least", 1), kw.get("what", "this run")))
+    assert checked(nb).guards <= calls, (f"{nb}: expected check_processes(..., least=L, what=W) for "
+                                         f"{sorted(checked(nb).guards - calls)}, the notebook calls {sorted(calls)}")
+
+
 @pytest.mark.parametrize("nb,key,gpus", sorted(KNOWN), ids=[f"{nb}-{key}-{g}gpu" for nb, key, g in sorted(KNOWN)])
 def test_known_full_profile_crash(nb, key, gpus, request):
     request.applymarker(pytest.mark.xfail(reason=KNOWN[(nb, key, gpus)], strict=True))
@@ -868,7 +880,7 @@ def test_more_processes_than_gpus_is_a_refusal_on_those_nodes(monkeypatch):
     for gpus in GPU_COUNTS:  # a world size of 8 added to the GPU count's: nodes of 2 or 4 GPUs refuse it
         monkeypatch.setitem(load_profiles(nb, gpus)["full"], "nprocs", sorted({gpus, 8}))
     rep = check(nb)
-    assert sorted(rep.refused) == [1, 2, 4] and "8 processes but 2 GPU(s)" in rep.refused[2], rep.refused
+    assert sorted(rep.refused) == [1, 2, 4] and "8 processes but only 2 GPU(s)" in rep.refused[2], rep.refused
     with pytest.raises(AssertionError, match="refuses the full profile on \\[1, 2, 4\\] GPU"):
         _assert_runs_or_refuses(check(nb))
 

@@ -160,3 +160,32 @@ def test_forked_exit_code_and_timeout_are_reported():
     with pytest.raises(LaunchError) as err:
         launch_forked(SCRIPTS / "hang.py", nproc=2, timeout_s=15)
     assert err.value.timed_out and err.value.last_line == "started, now sleeping" and "timed out after 15 s" in str(err.value)
+
+
+@pytest.mark.parametrize("nprocs, device, gpus, least, message", [
+    (4, "cuda", 2, 1, "launches 4 processes but only 2 GPU\\(s\\) are visible: NCCL needs one GPU per process"),
+    ([2, 4, 8], "cuda:0", 4, 2, "launches 8 processes but only 4 GPU"),
+    (4, "cuda", 1, 1, "only 1 GPU"),
+    (1, "cuda", 8, 2, "needs at least 2 process\\(es\\) per run, got 1"),
+    ([2, 0], "cpu", None, 1, "needs at least 1 process"),
+    ([], "cpu", None, 1, "needs at least 1 process"),
+    (True, "cpu", None, 1, "got True"),
+    (2.0, "cpu", None, 1, "got 2.0"),
+])
+def test_check_processes_refuses_in_one_line(nprocs, device, gpus, least, message):
+    from dlo.runtime import check_processes
+
+    with pytest.raises(ValueError, match=message) as info:
+        check_processes(nprocs, device, least=least, what="the lesson", gpus=gpus)
+    assert "\n" not in str(info.value)
+
+
+def test_check_processes_allows_one_gpu_each_and_any_count_on_a_cpu():
+    import torch
+
+    from dlo.runtime import check_processes
+
+    assert check_processes(4, "cuda", gpus=4) == [4]
+    assert check_processes([2, 4, 8], torch.device("cuda", 0), least=2, gpus=8) == [2, 4, 8]
+    assert check_processes([8], torch.device("cpu"), least=2) == [8]  # gloo processes share the cores
+    assert check_processes((2, 3), "cpu", least=2) == [2, 3]

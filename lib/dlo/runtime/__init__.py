@@ -11,7 +11,7 @@ from .context import (
 )
 from .distributed import init_distributed, teardown, exit_after_success, distributed, free_port
 from .records import RECORDS_ENV, write_record, read_records
-from .launch import LaunchError, build_launch_command, expand_runs, launch
+from .launch import LaunchError, build_launch_command, check_processes, expand_runs, launch
 from .grid import AXES, Grid
 from .errors import first_line
 from .validate import (
@@ -36,6 +36,7 @@ __all__ = [
     "exit_after_success",
     "distributed",
     "free_port",
+    "check_processes",
     "RECORDS_ENV",
     "write_record",
     "read_records",

@@ -88,6 +88,31 @@ def _check_nproc(nproc: Any) -> int:
     return nproc
 
 
+def check_processes(nprocs: Any, device: Any, *, least: int = 1, what: str = "this run",
+                    gpus: int | None = None) -> list[int]:
+    """The process counts a notebook is about to launch, checked before anything starts (one line each).
+
+    ``nprocs``: one count or a list of counts (world sizes). Each must be an integer ``>= least`` (what the
+    lesson needs, e.g. 2 for data parallelism); on a CUDA ``device`` none may exceed the GPUs visible here
+    (``gpus``, default ``torch.cuda.device_count()``): NCCL gives each process its own GPU, and two ranks of
+    one communicator on one GPU are refused at their first collective, after minutes of start-up. On a CPU
+    (gloo) more processes than cores only share the cores: that is allowed. Returns the counts as a list."""
+    counts = list(nprocs) if isinstance(nprocs, (list, tuple)) else [nprocs]
+    bad = [n for n in counts if isinstance(n, bool) or not isinstance(n, int) or n < least]
+    if not counts or bad:
+        raise ValueError(f"{what} needs at least {least} process(es) per run, got {nprocs!r}: on a node with fewer GPUs "
+                         f"use profile 'smoke' (CPU) or 'dry' (the full profile rehearsed on a CPU)")
+    if getattr(device, "type", str(device).split(":")[0]) == "cuda":
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count()
+        if max(counts) > gpus:
+            raise ValueError(f"{what} launches {max(counts)} processes but only {gpus} GPU(s) are visible: NCCL needs "
+                             f"one GPU per process; use a node with {max(counts)} GPUs, or fewer processes")
+    return counts
+
+
 def _check_args(args: Any) -> list[str]:
     if isinstance(args, (str, bytes)):
         raise ValueError(f"args must be a list of strings like ['--epochs', '3'], not the single string {args!r}")
