@@ -36,6 +36,6 @@ def test_the_full_profile_runs_on_a_cpu_scaled_down(path, tmp_path):
     tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
     assert res.returncode == 0, f"{path.relative_to(ROOT)} (profile dry) failed:\n{tail}"
     results = out / "results.json"
-    if results.exists():  # what a notebook records says which profile produced it
+    if results.exists():  # what a notebook records says which profile produced it (shapes' "profile" is a profiler's)
         profile = json.loads(results.read_text()).get("profile")
-        assert profile in (None, "dry"), f"{results}: recorded profile {profile!r}, ran 'dry'"
+        assert not isinstance(profile, str) or profile == "dry", f"{results}: recorded profile {profile!r}, ran 'dry'"
