@@ -141,13 +141,23 @@ def test_measure_steps_rejects_empty_batches():
 # --------------------------------------------------------------------------------------------------
 
 def test_peak_memory_cpu_sees_a_200mb_allocation():
+    """200 MiB of fresh anonymous pages, every page written, then unmapped: resident memory rises by 200 MiB
+    whatever the process did before. (A torch or malloc allocation may reuse pages an earlier test freed but the
+    allocator kept resident, and then the RSS does not move: the reason this test does not use one.)"""
+    import mmap
+
     import psutil
 
+    size = 200 * 2**20
     start = psutil.Process().memory_info().rss
     with bench.PeakMemory("cpu") as mem:
-        x = torch.ones(50_000_000)  # 200 MB, every page written
+        buf = mmap.mmap(-1, size)
+        for offset in range(0, size, mmap.PAGESIZE):
+            buf[offset] = 1  # touch every page: now resident
+        inside = psutil.Process().memory_info().rss
         time.sleep(0.1)  # several sampling periods
-        del x
+        buf.close()  # unmapped: the RSS falls back, only the sampler saw the peak
+    assert inside - start >= 190 * 2**20, (inside - start) / 2**20  # the pages really were resident
     assert mem.kind == "cpu_rss_peak"
     assert mem.peak_bytes - start >= 150 * 2**20, (mem.peak_bytes - start) / 2**20
     assert mem._thread is not None and not mem._thread.is_alive()  # sampler stopped at exit
