@@ -7,6 +7,9 @@ GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they 
 tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
 
 Run by ``make test-dry`` (and ``make test``); skipped otherwise, since each notebook starts its own Python.
+Multi-process launches fork their ranks (``DLO_LAUNCHER=fork``, :func:`dlo.runtime.launch.launch`): a rehearsal
+starts dozens of short runs, and torchrun would spend most of their time importing torch in every rank. torchrun
+itself is what the smoke runs (nbval) and the launcher tests use.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ NOTEBOOKS = source_notebooks()
 def test_the_full_profile_runs_on_a_cpu_scaled_down(path, tmp_path):
     out = tmp_path / path.stem
     env = {**os.environ, "DLO_RUNS_DIR": str(tmp_path), "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1",
-           "MPLBACKEND": "Agg"}
+           "MPLBACKEND": "Agg", "DLO_LAUNCHER": "fork"}
     res = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
                           "--out-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])

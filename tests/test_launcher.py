@@ -162,6 +162,39 @@ def test_forked_exit_code_and_timeout_are_reported():
     assert err.value.timed_out and err.value.last_line == "started, now sleeping" and "timed out after 15 s" in str(err.value)
 
 
+@distributed
+def test_dlo_launcher_fork_makes_launch_fork_its_ranks_and_echo_their_lines(tmp_path, capsys, monkeypatch):
+    """DLO_LAUNCHER=fork: launch() starts no torchrun (no torchrun log folder, one log per forked rank), returns the
+    same records and prints every rank's lines, stdout and stderr, with its prefix."""
+    monkeypatch.setenv("DLO_LAUNCHER", "fork")
+    records = launch(SCRIPTS / "allreduce.py", nproc=3, records_dir=tmp_path, timeout_s=120, use_srun=False)
+    assert [r["rank"] for r in records] == [0, 1, 2] and {r["sum"] for r in records} == {6.0}
+    out = capsys.readouterr().out.splitlines()
+    for rank in range(3):
+        assert f"[rank{rank}] hello from rank {rank} of 3 (torchrun): sum=6" in out
+        assert f"[rank{rank}] a line on stderr from rank {rank}" in out
+    assert not any(line.startswith("[torchrun]") for line in out)
+    assert not (tmp_path / "torchrun").exists() and (tmp_path / "rank2.log").is_file()  # forked: one log per rank
+    with pytest.raises(LaunchError) as err:  # failures are reported as launch() reports them
+        launch(SCRIPTS / "fail_rank1.py", nproc=2, records_dir=tmp_path / "f", timeout_s=90, use_srun=False)
+    assert str(err.value).startswith("rank 1 of fail_rank1.py failed with exit code 1: ValueError: boom")
+
+
+def test_dlo_launcher_unknown_value_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLO_LAUNCHER", "mpirun")
+    with pytest.raises(ValueError, match="^DLO_LAUNCHER='mpirun' is not a launcher: set it to one of torchrun, fork"):
+        launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path, use_srun=False)
+    assert not (tmp_path / "launch.log").exists()
+
+
+@distributed
+def test_dlo_launcher_fork_still_uses_srun_inside_a_slurm_job(tmp_path, fake_srun, monkeypatch):
+    monkeypatch.setenv("DLO_LAUNCHER", "fork")
+    env = {"PATH": fake_srun, "SLURM_JOB_ID": "4242", "MASTER_PORT": str(free_port())}
+    records = launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path, env=env, timeout_s=120, echo=False)
+    assert {r["source"] for r in records} == {"slurm"}
+
+
 @pytest.mark.parametrize("nprocs, device, gpus, least, message", [
     (4, "cuda", 2, 1, "launches 4 processes but only 2 GPU\\(s\\) are visible: NCCL needs one GPU per process"),
     ([2, 4, 8], "cuda:0", 4, 2, "launches 8 processes but only 4 GPU"),

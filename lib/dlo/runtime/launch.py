@@ -51,6 +51,29 @@ from dlo.runtime.paths import run_dir
 # ----------------------------------------------------------------------------------------------------
 # Launcher
 # ----------------------------------------------------------------------------------------------------
+
+#: ``DLO_LAUNCHER=fork`` makes :func:`launch` start its local ranks with :func:`launch_forked` instead of
+#: torchrun (``torchrun``, the default, or unset: torchrun). For rehearsals that launch dozens of short runs on
+#: a CPU (the ``dry`` profile): each torchrun launch starts N+1 Pythons that import torch (seconds each), forked
+#: ranks import it once. Inside a Slurm job srun is still used. What the ranks compute is the same.
+LAUNCHER_ENV = "DLO_LAUNCHER"
+LAUNCHERS = ("torchrun", "fork")
+
+
+def _can_fork_server() -> bool:
+    import multiprocessing
+
+    return "forkserver" in multiprocessing.get_all_start_methods()  # not on Windows: torchrun it is
+
+
+def launcher_choice() -> str:
+    """The local launcher :func:`launch` uses: ``$DLO_LAUNCHER`` ("torchrun" when unset); one line if unknown."""
+    value = os.environ.get(LAUNCHER_ENV, "").strip().lower() or "torchrun"
+    if value not in LAUNCHERS:
+        raise ValueError(f"{LAUNCHER_ENV}={value!r} is not a launcher: set it to one of {', '.join(LAUNCHERS)}, "
+                         "or unset it for torchrun")
+    return value
+
 class LaunchError(RuntimeError):
     """A launched run failed. ``str(err)`` is one line; the details are attributes.
 
@@ -329,10 +352,13 @@ def launch(
     written to ``<records_dir>/launch.log``.
     """
     script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
+    forked = launcher_choice() == "fork" and _can_fork_server()
 
     folder = _records_folder(script_path, records_dir)
     child_env = _child_env(env, folder)
     srun = use_srun if use_srun is not None else bool(child_env.get("SLURM_JOB_ID"))
+    if forked and not srun:
+        return launch_forked(script_path, args, nproc, records_dir=folder, env=env, timeout_s=timeout_s, echo=echo)
     if srun:
         job_tasks = child_env.get("SLURM_NTASKS", "").strip()
         if use_srun is None and job_tasks.isdigit() and int(job_tasks) < nproc:
@@ -516,6 +542,7 @@ def launch_forked(
     env: Mapping[str, str | None] | None = None,
     timeout_s: float | None = None,
     preload: Sequence[str] = ("torch", "torch.distributed"),
+    echo: bool = False,
 ) -> list[dict]:
     """Run ``script`` on ``nproc`` local processes like :func:`launch` does with torchrun, but start each
     rank by forking a server process that has already imported ``preload``, and return their records.
@@ -531,15 +558,16 @@ def launch_forked(
     output (``rank<r>.log``) go to ``records_dir`` (as for :func:`launch`). A failure raises :class:`LaunchError` like :func:`launch` (the rank that
     failed first and its last meaningful line); once one rank fails, the others get
     :data:`FORKED_GRACE_S` seconds to finish, then are killed. Local only: use :func:`launch` for
-    torchrun's elastic agent, for srun under Slurm, or for live output in a notebook.
+    torchrun's elastic agent or for srun under Slurm. ``echo=True`` prints the ranks' lines as they are
+    written, prefixed ``[rank<r>]`` as :func:`launch` does (:func:`launch` calls this under ``DLO_LAUNCHER=fork``).
     """
     import multiprocessing
     from multiprocessing.connection import wait as wait_for
 
     script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
-    if "forkserver" not in multiprocessing.get_all_start_methods():  # Windows: torchrun it is
+    if not _can_fork_server():  # Windows: torchrun it is
         return launch(script_path, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=False,
-                      echo=False)
+                      echo=echo)
 
     folder = _records_folder(script_path, records_dir)
     base_env = _child_env(env, folder)
@@ -556,11 +584,14 @@ def launch_forked(
     started = time.time()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     first_failure_at, timed_out = None, False
+    tails = [_Tail(path, f"[rank{rank}]") for rank, path in enumerate(logs)] if echo else []
     try:
         for proc in procs:
             proc.start()
         while any(p.exitcode is None for p in procs):
             wait_for([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
+            for tail in tails:
+                tail.emit()
             now = time.monotonic()
             if first_failure_at is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure_at = now
@@ -579,6 +610,8 @@ def launch_forked(
         for proc in procs:
             if proc.pid is not None and proc.exitcode is not None:
                 proc.close()
+        for tail in tails:
+            tail.emit(final=True)
     # torch.distributed already prefixes uncaught-exception lines with "[rank1]: ": keep one prefix, as launch()
     per_rank = {rank: [line[len(f"[rank{rank}]:"):].removeprefix(" ") if line.startswith(f"[rank{rank}]:") else line
                        for line in _read_lines(path)] for rank, path in enumerate(logs)}
@@ -612,6 +645,29 @@ def launch_forked(
     raise LaunchError(f"rank {rank} of {name} failed with exit code {codes.get(rank)}: {last or '(no output)'} ({where})",
                       rank=rank, exit_code=codes.get(rank), last_line=last, log=log, command=command,
                       records_dir=folder)
+
+
+class _Tail:
+    """The lines a rank has added to its log since the last call, printed with its prefix (live output)."""
+
+    def __init__(self, path: Path, prefix: str):
+        self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
+
+    def emit(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self.offset += len(chunk)
+        text = self.partial + chunk.decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        self.partial = "" if final else lines.pop()
+        for line in lines if not final else [ln for ln in lines if ln]:
+            if line.startswith(f"{self.prefix}:"):  # torch.distributed's own "[rank1]: " prefix: keep one
+                line = line[len(self.prefix) + 1:].removeprefix(" ")
+            print(f"{self.prefix} {line}", flush=True)
 
 
 def _read_lines(path: Path) -> list[str]:
