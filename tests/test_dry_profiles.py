@@ -6,7 +6,7 @@ Running it finds, in minutes on a CPU, a crash that only the full profile reache
 GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they sit behind small functions
 tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
 
-Run by ``make test-dry`` (and ``make test``); skipped otherwise, since each notebook starts its own Python.
+Run by ``make test-dry``; skipped otherwise, since each notebook starts its own Python.
 Multi-process launches fork their ranks (``DLO_LAUNCHER=fork``, :func:`dlo.runtime.launch.launch`): a rehearsal
 starts dozens of short runs, and torchrun would spend most of their time importing torch in every rank. torchrun
 itself is what the smoke runs (nbval) and the launcher tests use.
@@ -26,7 +26,13 @@ from dlo.runtime.paths import ROOT
 if not os.environ.get("DLO_DRY_PROFILES"):
     pytest.skip("full-profile rehearsals: run them with `make test-dry`", allow_module_level=True)
 
-NOTEBOOKS = source_notebooks()
+# The longest rehearsals first (measured on a 2-core CPU: 1.5-5 min each, the others 10-70 s), so that none of them
+# starts last and runs alone at the end.
+LONGEST_FIRST = ("Jour4/hpo.ipynb", "Jour1/jour1.ipynb", "Jour4/cifar_race.ipynb", "tp_pipeline/grid.ipynb",
+                 "tp_pipeline/pipeline.ipynb", "tp_fsdp/fsdp.ipynb", "Jour3/optimizers.ipynb")
+NOTEBOOKS = sorted(source_notebooks(), key=lambda p: (str(p.relative_to(ROOT)) not in LONGEST_FIRST,
+                                                      LONGEST_FIRST.index(str(p.relative_to(ROOT)))
+                                                      if str(p.relative_to(ROOT)) in LONGEST_FIRST else 0))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[str(p.relative_to(ROOT)) for p in NOTEBOOKS])
