@@ -89,6 +89,37 @@ def profile_settings(profiles: Mapping[str, Mapping[str, Any]], profile: str) ->
     return {**profiles["full"], **profiles["dry"]}
 
 
+def _kind(value: Any) -> str:
+    """"number" (ints and floats mix), "bool", "list" (or tuple), "dict", "any" (None: no value yet), else the type."""
+    if value is None:
+        return "any"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return "dict" if isinstance(value, Mapping) else type(value).__name__
+
+
+def profile_differences(reference: Mapping[str, Any], other: Mapping[str, Any], names: tuple[str, str] = ("smoke", "full"),
+                        where: str = "") -> list[str]:
+    """Where ``other`` does not have the shape of ``reference``: a key in one only, nested dicts included, or a
+    value of another kind (:func:`_kind`; None matches anything). One line each, e.g. ``"sizes: number in smoke,
+    list in full"``. The smoke profile is what CI runs, so a key that only the full profile lacks (a KeyError on a
+    GPU node, hours into a job) or a list where smoke has a number would otherwise first show on a GPU."""
+    a, b = names
+    out = [f"{where}{k}: in {a} only" for k in reference if k not in other]
+    out += [f"{where}{k}: in {b} only" for k in other if k not in reference]
+    for key in (k for k in reference if k in other):
+        x, y = reference[key], other[key]
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            out += profile_differences(x, y, names, f"{where}{key}.")
+        elif "any" not in (_kind(x), _kind(y)) and _kind(x) != _kind(y):
+            out.append(f"{where}{key}: {_kind(x)} in {a}, {_kind(y)} in {b}")
+    return out
+
+
 def strip_outputs(nb: dict[str, Any]) -> dict[str, Any]:
     """Remove outputs and execution counts (committed notebooks carry none)."""
     nb = copy.deepcopy(nb)
