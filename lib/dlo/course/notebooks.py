@@ -102,8 +102,8 @@ def _kind(value: Any) -> str:
     return "dict" if isinstance(value, Mapping) else type(value).__name__
 
 
-def profile_differences(reference: Mapping[str, Any], other: Mapping[str, Any], names: tuple[str, str] = ("smoke", "full"),
-                        where: str = "") -> list[str]:
+def profile_differences(reference: Mapping[str, Any], other: Mapping[str, Any],
+                        names: tuple[str, str] = ("smoke", "full"), where: str = "") -> list[str]:
     """Where ``other`` does not have the shape of ``reference``: a key in one only, nested dicts included, or a
     value of another kind (:func:`_kind`; None matches anything). One line each, e.g. ``"sizes: number in smoke,
     list in full"``. The smoke profile is what CI runs, so a key that only the full profile lacks (a KeyError on a
