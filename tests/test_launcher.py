@@ -11,7 +11,7 @@ import pytest
 
 import dlo  # noqa: F401
 from dlo.runtime import LaunchError, free_port, launch
-from dlo.runtime.launch import _blame
+from dlo.runtime.launch import _Tail, _blame, _without_own_prefix
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
@@ -178,6 +178,27 @@ def test_dlo_launcher_fork_makes_launch_fork_its_ranks_and_echo_their_lines(tmp_
     with pytest.raises(LaunchError) as err:  # failures are reported as launch() reports them
         launch(SCRIPTS / "fail_rank1.py", nproc=2, records_dir=tmp_path / "f", timeout_s=90, use_srun=False)
     assert str(err.value).startswith("rank 1 of fail_rank1.py failed with exit code 1: ValueError: boom")
+
+
+def test_live_echo_keeps_a_character_split_across_reads_and_one_prefix(tmp_path, capsys):
+    """A forked rank's live output is read in chunks: a UTF-8 character cut between two reads is printed whole once
+    its last byte arrives; torch.distributed's own "[rank1]: " prefix is not doubled; a last unterminated line is
+    printed at the end."""
+    log = tmp_path / "rank1.log"
+    data = "× moyenne 1 – ok\n[rank1]: Traceback (most recent call last):\nlast words ✓".encode()
+    cut = data.index("–".encode()) + 1  # inside the 3 bytes of the en dash
+    tail = _Tail(log, 1)
+    log.write_bytes(data[:cut])
+    tail.emit()
+    assert capsys.readouterr().out == ""  # no complete line yet
+    with log.open("ab") as f:
+        f.write(data[cut:])
+    tail.emit()
+    assert capsys.readouterr().out.splitlines() == ["[rank1] × moyenne 1 – ok",
+                                                    "[rank1] Traceback (most recent call last):"]
+    tail.emit(final=True)
+    assert capsys.readouterr().out.splitlines() == ["[rank1] last words ✓"]
+    assert _without_own_prefix("[rank2]: x", 2) == "x" and _without_own_prefix("[rank2]: x", 3) == "[rank2]: x"
 
 
 def test_dlo_launcher_unknown_value_is_one_line_before_anything_starts(tmp_path, monkeypatch):

@@ -29,6 +29,7 @@ and from the notebook: ``records = launch("worker.py", nproc=2)``.
 """
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -387,10 +388,8 @@ def launch(
         text = raw.rstrip("\n")
         match = worker_prefix.match(text)
         if match is not None:
-            rank, body = int(match.group(1)), match.group(2)
-            # torch.distributed already prefixes uncaught-exception lines with "[rank1]: ": keep one prefix
-            if body.startswith(f"[rank{rank}]:"):
-                body = body[len(f"[rank{rank}]:"):].removeprefix(" ")
+            rank = int(match.group(1))
+            body = _without_own_prefix(match.group(2), rank)
             per_rank.setdefault(rank, []).append(body)
             if body.strip():
                 latest = (rank, body.strip())
@@ -584,7 +583,7 @@ def launch_forked(
     started = time.time()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     first_failure_at, timed_out = None, False
-    tails = [_Tail(path, f"[rank{rank}]") for rank, path in enumerate(logs)] if echo else []
+    tails = [_Tail(path, rank) for rank, path in enumerate(logs)] if echo else []
     try:
         for proc in procs:
             proc.start()
@@ -612,9 +611,7 @@ def launch_forked(
                 proc.close()
         for tail in tails:
             tail.emit(final=True)
-    # torch.distributed already prefixes uncaught-exception lines with "[rank1]: ": keep one prefix, as launch()
-    per_rank = {rank: [line[len(f"[rank{rank}]:"):].removeprefix(" ") if line.startswith(f"[rank{rank}]:") else line
-                       for line in _read_lines(path)] for rank, path in enumerate(logs)}
+    per_rank = {rank: [_without_own_prefix(line, rank) for line in _read_lines(path)] for rank, path in enumerate(logs)}
     log = "\n".join(f"[rank{rank}] {line}" for rank, lines in per_rank.items() for line in lines)
     (folder / "launch.log").write_text(log + "\n", encoding="utf-8")
     if not timed_out and all(c == 0 for c in codes.values()):
@@ -647,11 +644,22 @@ def launch_forked(
                       records_dir=folder)
 
 
-class _Tail:
-    """The lines a rank has added to its log since the last call, printed with its prefix (live output)."""
+def _without_own_prefix(line: str, rank: int) -> str:
+    """``line`` without torch.distributed's own ``[rank1]: `` prefix (it adds one to uncaught-exception lines):
+    the launcher prefixes every line itself, and one prefix is enough."""
+    own = f"[rank{rank}]:"
+    return line[len(own):].removeprefix(" ") if line.startswith(own) else line
 
-    def __init__(self, path: Path, prefix: str):
-        self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
+
+class _Tail:
+    """The lines a rank has added to its log since the last call, printed with its prefix (live output).
+
+    Bytes are decoded incrementally: a character whose UTF-8 bytes straddle two reads is printed whole, once
+    its last byte has arrived."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank, self.offset, self.partial = path, rank, 0, ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def emit(self, final: bool = False) -> None:
         try:
@@ -659,15 +667,13 @@ class _Tail:
                 f.seek(self.offset)
                 chunk = f.read()
         except OSError:
-            return
+            chunk = b""
         self.offset += len(chunk)
-        text = self.partial + chunk.decode("utf-8", errors="replace")
+        text = self.partial + self.decoder.decode(chunk, final=final)
         lines = text.split("\n")
         self.partial = "" if final else lines.pop()
         for line in lines if not final else [ln for ln in lines if ln]:
-            if line.startswith(f"{self.prefix}:"):  # torch.distributed's own "[rank1]: " prefix: keep one
-                line = line[len(self.prefix) + 1:].removeprefix(" ")
-            print(f"{self.prefix} {line}", flush=True)
+            print(f"[rank{self.rank}] {_without_own_prefix(line, self.rank)}", flush=True)
 
 
 def _read_lines(path: Path) -> list[str]:
