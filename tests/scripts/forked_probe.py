@@ -1,13 +1,15 @@
 """Worker for tests/test_launcher.py: what a forked rank finds when its first line runs.
 
-It records whether torch was already imported (preloaded by the server it was forked from), its thread
+It records which of torch, torch.distributed and torch._dynamo were already imported (preloaded by the server it
+was forked from: an optimizer's construction imports torch._dynamo, seconds in every rank otherwise), its thread
 count, the arguments it was given, and the caller's variables it should (not) see; rank 1 exits with the
 code given as ``--exit-code`` after writing its record.
 """
 import os
 import sys
 
-preloaded = "torch" in sys.modules  # before this script imports anything
+# before this script imports anything
+preloaded = sorted(m for m in ("torch", "torch.distributed", "torch._dynamo") if m in sys.modules)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
