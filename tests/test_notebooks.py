@@ -165,6 +165,10 @@ def test_run_checks_parameter_types_before_starting_a_kernel(tmp_path):
 def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, as_unprivileged, read_only_folder):
     if out_dir == "not-writable":  # as 'nobody' when the tests run as root (root writes into read-only folders)
         out_dir = str(read_only_folder[0] / "out")
+        # The forked child cannot read the interpreter's standard library as 'nobody': what the dry run imports
+        # (torch, for the profile's device) must already be loaded here. `import dlo` no longer loads torch.
+        import torch  # noqa: F401
+
         def in_process():  # the same checks (--dry-run) in this forked process: nobody may not run the venv python
             import contextlib
             import io

@@ -34,6 +34,37 @@ def test_import_dlo_makes_torchvision_importable():
     assert info["shimmed"] is (not info["ext"])
 
 
+def test_import_dlo_does_not_import_torch_until_torchvision_is_imported():
+    res = _py("import sys, dlo\n"
+              "print('torch' in sys.modules, any(type(f).__name__ == '_TorchvisionHook' for f in sys.meta_path))\n"
+              "import torchvision\n"
+              "print('torch' in sys.modules, any(type(f).__name__ == '_TorchvisionHook' for f in sys.meta_path))")
+    assert res.returncode == 0, res.stderr
+    # torch stays out of `import dlo`; the hook prepares torchvision's import, then leaves sys.meta_path
+    assert res.stdout.split() == ["False", "True", "True", "False"]
+
+
+def test_runtime_exports_are_lazy_and_the_same_objects():
+    res = _py("import sys, importlib, dlo.runtime as rt\n"
+              "assert 'torch' not in sys.modules, 'dlo.runtime imported torch'\n"
+              "from dlo.course.checks.framework import check  # imports the submodule dlo.runtime.launch\n"
+              "from dlo.runtime import launch, distributed\n"
+              "assert callable(launch) and callable(distributed) and rt.launch is launch, (launch, distributed)\n"
+              "for name in rt.__all__:\n"
+              "    mod = importlib.import_module('dlo.runtime.' + rt._EXPORTS[name])\n"
+              "    assert getattr(rt, name) is getattr(mod, name), name\n"
+              "assert rt.device.__name__ == 'dlo.runtime.device'\n"
+              "print(len(rt.__all__))")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["33"]
+
+
+def test_a_launched_rank_gets_the_failure_hook_on_import_dlo(tmp_path):
+    code = "import sys, dlo; print(getattr(sys.excepthook, '_dlo_failure_hook', False))"
+    assert _py(code, env={"DLO_RECORDS_DIR": str(tmp_path)}).stdout.split() == ["True"]  # as launch() starts it
+    assert _py(code).stdout.split() == ["False"]
+
+
 def test_caches_go_to_the_project_unless_already_set(tmp_path):
     res = _py("import dlo, os, json; print(json.dumps({k: os.environ[k] for k in "
               "('TORCHINDUCTOR_CACHE_DIR', 'TORCH_EXTENSIONS_DIR', 'MPLCONFIGDIR')}))")

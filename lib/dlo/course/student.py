@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from dlo.course.checks.framework import REGISTRY
+from dlo.course import catalog
 from dlo.course.hints import HELPERS
 from dlo.course.hints import goal as step_goal
 from dlo.course.notebooks import COURSE_DIRS, _source, dumps, source_notebooks, strip_outputs
@@ -35,7 +35,7 @@ def _relative(path: str | Path) -> str:
 def step_of(source_file: str | Path, name: str | None) -> tuple[str, str] | None:
     """The (course, step) whose checker tests the function or class ``name`` of ``source_file``, if any."""
     rel = _relative(source_file)
-    for course, steps in REGISTRY.items():
+    for course, steps in catalog.steps().items():
         for step, chk in steps.items():
             if chk.notebook == rel and name in chk.functions:
                 return course, step
@@ -207,9 +207,9 @@ def source_text(source_file: str | Path) -> list[str]:
 
 def step_solution(course: str, step: str) -> list[tuple[str, str, str]]:
     """``(function name, outline, code)`` of every solution region of a step, from its source notebook or script."""
-    if course not in REGISTRY or step not in REGISTRY[course]:
+    chk = catalog.find(course, step)  # read from the checkers' source: no torch for `dlo hint` / `dlo solution`
+    if chk is None:
         raise ValueError(f"unknown step {course}/{step}: `dlo check --list` shows the steps")
-    chk = REGISTRY[course][step]
     helpers = {name for name, where in HELPERS.get(chk.notebook, {}).items() if where == (course, step)}
     regions = [r for text in source_text(ROOT / chk.notebook) for r in solution_regions(text)
                if r[0] in chk.functions or r[0] in helpers]
