@@ -13,17 +13,16 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 PROFILE ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: all install run test test-main test-fast test-browser test-compat test-dry gpu-check student check-student lab clean distclean help
+.PHONY: all install run test test-fast test-browser test-compat test-dry gpu-check student check-student lab clean distclean help
 
 all: help
 
 help:
 	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
-	@echo "make test     - unit, distributed and notebook tests, and the full-profile rehearsals (what CI runs)"
+	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
 	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
 	@echo "make test-compat - the lib and distributed tests under torch 2.11 (what GPU nodes have), in .cache/venv-compat"
 	@echo "make test-dry    - every notebook's full profile rehearsed on a CPU (profile dry: full lists and branches, small sizes)"
-	@echo "make test-main   - make test without the rehearsals"
 	@echo "make gpu-check - on a GPU node: every full-profile benchmark against its target -> results/"
 	@echo "make student  - regenerate the student notebooks from the sources"
 	@echo "make lab      - start JupyterLab with the 'Python (dlo)' kernel"
@@ -52,25 +51,9 @@ run: $(STAMP)
 # of one from spinning while the other computes.
 # The unit and distributed tests run the same way, two at a time: a file stays on one worker (its tests may share
 # module fixtures), except the wrong-answer corpus, whose ~300 independent answers are spread over both.
-# The full-profile rehearsals (test-dry, below) start first, beside the rest, at the lowest CPU priority (nice 19):
-# the other stages leave a quarter of the two cores idle (waiting for processes, kernels and sockets to start), and
-# the rehearsals run in those gaps instead of after them; what is left of them is waited for at the end. Their
-# output goes to runs/test-dry.log and is printed then; if another stage fails first (or on Ctrl-C), they are
-# stopped (`set -m` starts them in a process group of their own, killed as a whole).
 NBVAL_WORKERS ?= 2
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	@mkdir -p runs; \
-	set -m; nice -n 19 $(MAKE) --no-print-directory test-dry > runs/test-dry.log 2>&1 & dry=$$!; set +m; \
-	trap 'kill -- -$$dry 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
-	echo "make test-dry started beside the other tests at nice 19 (log: runs/test-dry.log)"; \
-	$(MAKE) --no-print-directory test-main || exit $$?; \
-	echo "waiting for the full-profile rehearsals (make test-dry)..."; \
-	wait $$dry; status=$$?; trap - EXIT; cat runs/test-dry.log; exit $$status
-
-# Unit and distributed tests, the wrong-answer corpus, every notebook under nbval, the conclusions (test without
-# the rehearsals)
-test-main: $(STAMP)
 	$(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py -n $(TEST_WORKERS) --dist loadfile \
 	    --durations=20 $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest tests/test_wrong_answers.py -q -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
@@ -81,7 +64,7 @@ test-main: $(STAMP)
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py
 
 # Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),
-# each in its own Python (dlo run --engine plain), two at a time. Part of `make test`.
+# each in its own Python (dlo run --engine plain), two at a time.
 test-dry: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
 	    -n $(TEST_WORKERS) --dist load --durations=25 $(PYTEST_ARGS)

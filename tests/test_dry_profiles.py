@@ -6,8 +6,7 @@ Running it finds, in minutes on a CPU, a crash that only the full profile reache
 GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they sit behind small functions
 tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
 
-Run by ``make test`` (beside its other stages, at the lowest CPU priority: see the Makefile) and by
-``make test-dry``; skipped otherwise, since each notebook starts its own Python.
+Run by ``make test-dry``; skipped otherwise, since each notebook starts its own Python.
 Multi-process launches fork their ranks (``DLO_LAUNCHER=fork``, :func:`dlo.runtime.launch.launch`): a rehearsal
 starts dozens of short runs, and torchrun would spend most of their time importing torch in every rank. torchrun
 itself is what the smoke runs (nbval) and the launcher tests use.
@@ -25,11 +24,7 @@ from dlo.course.notebooks import source_notebooks
 from dlo.runtime.paths import ROOT
 
 if not os.environ.get("DLO_DRY_PROFILES"):
-    pytest.skip("full-profile rehearsals: `make test` or `make test-dry` runs them", allow_module_level=True)
-
-# A hang, not a slow machine: beside make test's other stages at nice 19, a rehearsal only gets the cores they leave
-# idle, and one of 1-3 minutes alone can take several times that.
-TIMEOUT_S = 2400
+    pytest.skip("full-profile rehearsals: run them with `make test-dry`", allow_module_level=True)
 
 # The longest rehearsals first (measured on a 2-core CPU: 1.5-5 min each, the others 10-70 s), so that none of them
 # starts last and runs alone at the end.
@@ -46,7 +41,7 @@ def test_the_full_profile_runs_on_a_cpu_scaled_down(path, tmp_path):
     env = {**os.environ, "DLO_RUNS_DIR": str(tmp_path), "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1",
            "MPLBACKEND": "Agg", "DLO_LAUNCHER": "fork"}
     res = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
-                          "--out-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+                          "--out-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-15:])
     assert res.returncode == 0, f"{path.relative_to(ROOT)} (profile dry) failed:\n{tail}"
     results = out / "results.json"
