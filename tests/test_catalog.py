@@ -111,6 +111,7 @@ print(f"exit={code} loaded={','.join(loaded) or '-'}", file=sys.stderr)
     (("--help",), 0, "usage: dlo"),
     (("slurm", "--help"), 0, "usage: dlo slurm"),
     (("hint", "jour9", "x"), 2, ""),
+    (("check", "jour9"), 2, ""),  # an unknown course: one error line, not an empty list
 ])
 def test_quick_commands_do_not_import_torch(tmp_path, args, code, out):
     env = {**os.environ, "DLO_RUNS_DIR": str(tmp_path)}  # a throwaway hint state
@@ -118,3 +119,11 @@ def test_quick_commands_do_not_import_torch(tmp_path, args, code, out):
                          timeout=300, env=env)
     assert res.stderr.strip().splitlines()[-1] == f"exit={code} loaded=-", res.stderr[-2000:]
     assert out in res.stdout
+
+
+def test_an_unknown_course_in_check_is_one_line_naming_the_courses(capsys):
+    from dlo.cli import main
+
+    assert main(["check", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unknown course 'nope': choose one of ") and "jour1" in err[0]

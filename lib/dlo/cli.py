@@ -55,7 +55,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.list or args.step is None:
         from dlo.course import catalog  # the steps, read from the checkers' source without importing them (torch)
 
-        for course, steps in catalog.steps().items():
+        table = catalog.steps()
+        if args.course is not None and args.course not in table:
+            raise ValueError(f"unknown course {args.course!r}: choose one of {', '.join(table)}")
+        for course, steps in table.items():
             if args.course in (None, course):
                 print(f"{course}: {' '.join(steps)}")
         return 0
