@@ -57,7 +57,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         table = catalog.steps()
         if args.course is not None and args.course not in table:
-            raise ValueError(f"unknown course {args.course!r}: choose one of {', '.join(table)}")
+            raise ValueError(f"unknown course {args.course!r}: choose one of {', '.join(sorted(table))}")  # as check()
         for course, steps in table.items():
             if args.course in (None, course):
                 print(f"{course}: {' '.join(steps)}")
