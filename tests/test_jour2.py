@@ -14,6 +14,12 @@ SCRIPT = ROOT / "Jour2" / "ddp_train.py"
 TINY = ["--width", "4", "--n-train", "256", "--max-steps", "3", "--warmup-steps", "1"]
 
 
+@pytest.fixture(autouse=True)
+def _under_torchrun(monkeypatch):
+    """The multi-process tests run the script under torchrun, as a student does (`make test` sets DLO_LAUNCHER=fork)."""
+    monkeypatch.delenv("DLO_LAUNCHER", raising=False)
+
+
 def test_script_runs_as_a_single_plain_process(tmp_path):
     res = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--global-batch", "32",
                           "--checkpoint", str(tmp_path / "ck.pt")],

@@ -17,6 +17,12 @@ SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
 
 
+@pytest.fixture(autouse=True)
+def _torchrun_unless_a_test_says_fork(monkeypatch):
+    """These tests are about torchrun (launch()'s default): `make test` sets DLO_LAUNCHER=fork for the other tests."""
+    monkeypatch.delenv("DLO_LAUNCHER", raising=False)
+
+
 @distributed
 def test_launch_allreduce_two_ranks(tmp_path, capsys):
     records = launch(SCRIPTS / "allreduce.py", nproc=2, records_dir=tmp_path, timeout_s=120, use_srun=False)
@@ -31,6 +37,7 @@ def test_launch_allreduce_two_ranks(tmp_path, capsys):
         assert f"[rank{rank}] a line on stderr from rank {rank}" in out.splitlines()  # stderr is streamed too
     assert "[default" not in out  # torchrun's own prefix is normalised away
     assert (tmp_path / "launch.log").read_text().count("[rank") >= 4
+    assert (tmp_path / "torchrun").is_dir() and not (tmp_path / "rank0.log").exists()  # torchrun, not forked ranks
 
 
 @distributed
