@@ -45,29 +45,38 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/dlo run Jour1/jour1.ipynb --profile $(PROFILE)
 
-# Unit + distributed tests, then every course notebook executed (smoke profile) by nbval, NBVAL_WORKERS notebooks
-# at a time (pytest-xdist; each notebook stays in one kernel). Much of a notebook's time is spent starting processes
-# and kernels, so two at a time on two cores finish ~1.8x sooner; OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads
-# of one from spinning while the other computes.
-# The unit and distributed tests run the same way, two at a time: a file stays on one worker (its tests may share
-# module fixtures), except the wrong-answer corpus, whose ~300 independent answers are spread over both.
+# `make test` = what CI runs, in four stages:
+# 1. unit and distributed tests, two at a time (pytest-xdist): a file stays on one worker (its tests may share module
+#    fixtures);
+# 2. the wrong-answer corpus (~400 independent answers) and every notebook's full profile rehearsed on the CPU
+#    (profile "dry", see test-dry below), spread one test at a time over REHEARSAL_WORKERS workers, the rehearsals
+#    (a minute or more each) first: they spend much of their time starting processes and waiting for them, so three
+#    at a time keep two cores busy;
+# 3. every course notebook executed in the smoke profile by nbval, NBVAL_WORKERS notebooks at a time (each notebook
+#    stays in one kernel); OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads of one from spinning while another computes;
+# 4. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json.
+# Multi-process runs fork their ranks from a Python that has already imported torch (DLO_LAUNCHER=fork,
+# dlo.runtime.launch): started by torchrun, each rank would spend seconds importing torch, and the notebooks and tests
+# start hundreds of ranks. torchrun itself, what students and batch jobs use, is tested by tests/test_launcher.py and
+# tests/test_jour2.py, which set it back.
 NBVAL_WORKERS ?= 2
 TEST_WORKERS ?= 2
+REHEARSAL_WORKERS ?= 3
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py -n $(TEST_WORKERS) --dist loadfile \
-	    --durations=20 $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest tests/test_wrong_answers.py -q -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
-	OMP_WAIT_POLICY=PASSIVE DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo \
-	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile --durations=15 \
-	    $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
-	# every sentence the notebooks just wrote about a measured outcome, derived again from their fresh results.json
+	DLO_LAUNCHER=fork $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py \
+	    --ignore=tests/test_dry_profiles.py -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py \
+	    tests/test_wrong_answers.py -q -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax \
+	    --nbval-kernel-name dlo -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
+	    --durations=15 $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py
 
 # Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),
-# each in its own Python (dlo run --engine plain), two at a time.
+# each in its own Python (dlo run --engine plain), alone: the second stage of `make test` runs them with the corpus.
 test-dry: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
-	    -n $(TEST_WORKERS) --dist load --durations=25 $(PYTEST_ARGS)
+	    -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest tests -m "not slow and not notebook" $(PYTEST_ARGS)
