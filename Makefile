@@ -55,6 +55,9 @@ run: $(STAMP)
 # 3. every course notebook executed in the smoke profile by nbval, NBVAL_WORKERS notebooks at a time (each notebook
 #    stays in one kernel); OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads of one from spinning while another computes;
 # 4. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json.
+# Each test worker (and each process it starts, unless it sets its own) gets cores / workers threads
+# (OMP_NUM_THREADS; at least 1): workers that each use every core fight for them, and on small tensors the extra
+# threads cost more than they give (measured on 2 cores: nbval of four notebooks 15 % sooner with one thread each).
 # Multi-process runs fork their ranks from a Python that has already imported torch (DLO_LAUNCHER=fork,
 # dlo.runtime.launch): started by torchrun, each rank would spend seconds importing torch, and the notebooks and tests
 # start hundreds of ranks. torchrun itself, what students and batch jobs use, is tested by tests/test_launcher.py and
@@ -62,12 +65,15 @@ run: $(STAMP)
 NBVAL_WORKERS ?= 2
 TEST_WORKERS ?= 2
 REHEARSAL_WORKERS ?= 3
+CORES := $(shell nproc 2>/dev/null || echo 1)
+threads_per = $(shell echo $$(( $(CORES) / $(1) > 1 ? $(CORES) / $(1) : 1 )))
 test: $(STAMP)
-	DLO_LAUNCHER=fork $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py \
+	OMP_NUM_THREADS=$(call threads_per,$(TEST_WORKERS)) DLO_LAUNCHER=fork $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py \
 	    --ignore=tests/test_dry_profiles.py -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
-	OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py \
-	    tests/test_wrong_answers.py -q -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
-	OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax \
+	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 \
+	    $(VENV)/bin/python -m pytest tests/test_dry_profiles.py tests/test_wrong_answers.py -q -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(call threads_per,$(NBVAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork \
+	    DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax \
 	    --nbval-kernel-name dlo -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
 	    --durations=15 $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py

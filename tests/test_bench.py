@@ -212,11 +212,15 @@ def test_cpu_has_native_bf16_is_bool():
 
 def test_torch_threads_restores():
     old = torch.get_num_threads()
-    with bench.torch_threads(1):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == old
-    with bench.torch_threads(None):
-        assert torch.get_num_threads() == old
+    torch.set_num_threads(2)  # not 1 (what `make test` starts with), so that a missing restore would show
+    try:
+        with bench.torch_threads(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with bench.torch_threads(None):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(old)
 
 
 def test_synchronize_is_a_noop_on_cpu():

@@ -6,10 +6,11 @@ Running it finds, in minutes on a CPU, a crash that only the full profile reache
 GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they sit behind small functions
 tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
 
-Run by ``make test-dry``; skipped otherwise, since each notebook starts its own Python.
+Run by ``make test`` (its second stage, beside the wrong-answer corpus) and ``make test-dry``; skipped otherwise,
+since each notebook starts its own Python and takes from seconds to two minutes.
 Multi-process launches fork their ranks (``DLO_LAUNCHER=fork``, :func:`dlo.runtime.launch.launch`): a rehearsal
 starts dozens of short runs, and torchrun would spend most of their time importing torch in every rank. torchrun
-itself is what the smoke runs (nbval) and the launcher tests use.
+itself is what students and batch jobs use; tests/test_launcher.py and tests/test_jour2.py test it.
 """
 from __future__ import annotations
 
