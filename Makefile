@@ -65,7 +65,8 @@ run: $(STAMP)
 NBVAL_WORKERS ?= 2
 TEST_WORKERS ?= 2
 REHEARSAL_WORKERS ?= 3
-CORES := $(shell nproc 2>/dev/null || echo 1)
+# the cores this process may use (nproc alone would obey an OMP_NUM_THREADS already set)
+CORES := $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)
 threads_per = $(shell echo $$(( $(CORES) / $(1) > 1 ? $(CORES) / $(1) : 1 )))
 test: $(STAMP)
 	OMP_NUM_THREADS=$(call threads_per,$(TEST_WORKERS)) DLO_LAUNCHER=fork $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py \
