@@ -28,6 +28,7 @@ import json
 import os
 import queue
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,6 +124,9 @@ def accelerate_config(strategy: str, nproc: int, *, cpu: bool, layer_cls: str = 
       ``use_cpu``, on CPUs: its ``MULTI_CPU`` type would start one process without MPI);
     * ``"deepspeed"``: ``distributed_type: DEEPSPEED``, ZeRO stage ``zero_stage`` (2 or 3), nothing offloaded.
 
+    ``main_process_port: 0``: the ranks meet on a free port Accelerate picks, not on the 29500 that every
+    other launch on the node defaults to.
+
     ``cpu``: ``use_cpu: true`` (the training script must also pass ``Accelerator(cpu=True)``: a launch
     through torchrun, which FSDP and MULTI_GPU use, does not hand it on)."""
     if strategy not in API_STRATEGIES["accelerate"]:
@@ -133,7 +137,10 @@ def accelerate_config(strategy: str, nproc: int, *, cpu: bool, layer_cls: str = 
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "num_machines": 1, "machine_rank": 0,
                            "num_processes": nproc, "mixed_precision": mixed_precision, "use_cpu": bool(cpu),
-                           "main_training_function": "main", "rdzv_backend": "static", "same_network": True}
+                           "main_training_function": "main", "rdzv_backend": "static", "same_network": True,
+                           # 0: Accelerate takes a free port. Its default, 29500, is torchrun's and every other
+                           # job's on a shared node; it checks that port before using it, a race two launches can lose
+                           "main_process_port": 0}
     if strategy == "fsdp":
         cfg["distributed_type"] = "FSDP"
         cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -186,6 +193,23 @@ def _last_error_line(lines: Sequence[str]) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
 
 
+def _stop_with_stacks(pid: int, wait_s: float = 5.0) -> None:
+    """Stop a hung launch so that its log says where it hung: every process under ``pid`` gets SIGABRT, on
+    which Python (started with ``PYTHONFAULTHANDLER=1``) prints each thread's stack before it dies; then
+    whatever is left is killed."""
+    import psutil
+
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for p in reversed(procs):  # the ranks (started last) first, so that the launcher does not stop them itself
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGABRT)
+    psutil.wait_procs(procs, timeout=wait_s)
+    _kill_tree(pid)
+
+
 def _kill_tree(pid: int) -> None:
     """Kill a process and everything it started (torchrun's workers run in sessions of their own)."""
     import psutil
@@ -221,6 +245,7 @@ def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_fil
     child_env.update(env or {})
     child_env[RECORDS_ENV] = str(folder)
     child_env["PYTHONUNBUFFERED"] = "1"
+    child_env["PYTHONFAULTHANDLER"] = "1"  # a launch stopped at its timeout prints where each process was
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
                str(script), *[str(a) for a in args]]
     lines: list[str] = []
@@ -241,7 +266,7 @@ def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_fil
         while True:  # lines are printed here, in the caller's thread (the right Jupyter cell)
             if time.monotonic() > deadline and proc.poll() is None:
                 timed_out = True
-                _kill_tree(proc.pid)
+                _stop_with_stacks(proc.pid)
             try:
                 line = pending.get(timeout=0.1)
             except queue.Empty:
@@ -258,8 +283,8 @@ def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_fil
     finally:
         (folder / "launch.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
     if timed_out:
-        raise RuntimeError(f"accelerate launch of {script.name} timed out after {timeout_s:g} s "
-                           f"(log: {folder / 'launch.log'})")
+        raise RuntimeError(f"accelerate launch of {script.name} timed out after {timeout_s:g} s; where each "
+                           f"process was is in its log: {folder / 'launch.log'}")
     if code != 0:
         raise RuntimeError(f"accelerate launch of {script.name} failed (exit code {code}): {_last_error_line(lines)} "
                            f"(log: {folder / 'launch.log'})")
