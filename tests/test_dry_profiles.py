@@ -27,10 +27,11 @@ from dlo.runtime.paths import ROOT
 if not os.environ.get("DLO_DRY_PROFILES"):
     pytest.skip("full-profile rehearsals: run them with `make test-dry`", allow_module_level=True)
 
-# The longest rehearsals first (measured on a 2-core CPU: 1.5-5 min each, the others 10-70 s), so that none of them
-# starts last and runs alone at the end.
-LONGEST_FIRST = ("Jour4/hpo.ipynb", "Jour1/jour1.ipynb", "Jour4/cifar_race.ipynb", "tp_pipeline/grid.ipynb",
-                 "tp_pipeline/pipeline.ipynb", "tp_fsdp/fsdp.ipynb", "Jour3/optimizers.ipynb")
+# The longest rehearsals first, so that none of them starts last and runs alone at the end. Measured in make test's
+# second stage on a 2-core CPU: hpo 220 s, jour1 90 s (more with a cold Inductor cache, as jit), fsdp, pipeline and
+# the race 55-60 s, inference 45 s; the others 10-35 s.
+LONGEST_FIRST = ("Jour4/hpo.ipynb", "Jour1/jour1.ipynb", "tp_fsdp/fsdp.ipynb", "tp_pipeline/pipeline.ipynb",
+                 "Jour4/cifar_race.ipynb", "Jour4/inference.ipynb", "Jour3/jit.ipynb")
 NOTEBOOKS = sorted(source_notebooks(), key=lambda p: (str(p.relative_to(ROOT)) not in LONGEST_FIRST,
                                                       LONGEST_FIRST.index(str(p.relative_to(ROOT)))
                                                       if str(p.relative_to(ROOT)) in LONGEST_FIRST else 0))
