@@ -52,6 +52,8 @@ def _full_param_bytes() -> int:
 def runs(tmp_path_factory):
     """{(api, strategy): records of its 2 ranks}, one launch each; an API whose library is missing is left out."""
     out = {}
+    # each launch takes 5-30 s on a busy 2-core machine: a hung one fails at 240 s (with every process's stack in its
+    # log, for Accelerate) instead of holding a test worker for many minutes
     for api, strategy in RUNS:
         if apis.unavailable_reason(api, strategy, "cpu"):
             continue
@@ -60,9 +62,9 @@ def runs(tmp_path_factory):
         if api == "accelerate":
             config = apis.write_accelerate_config(folder / "accelerate.yaml", strategy, 2, cpu=True)
             recs = apis.launch_accelerate(SCRIPT, args, config, records_dir=folder / "records", env=ENV, echo=False,
-                                          timeout_s=400)
+                                          timeout_s=240)
         else:
-            recs = launch(SCRIPT, args, nproc=2, records_dir=folder / "records", env=ENV, echo=False, timeout_s=400,
+            recs = launch(SCRIPT, args, nproc=2, records_dir=folder / "records", env=ENV, echo=False, timeout_s=240,
                           use_srun=False)
         out[(api, strategy)] = sorted(recs, key=lambda r: r["rank"])
     return out
