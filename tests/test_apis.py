@@ -171,14 +171,21 @@ def test_the_notebook_writes_its_accelerate_yaml_with_the_tested_function():
     assert "apis.write_accelerate_config(" in code and "launch_accelerate(" in code
 
 
+def _launch_source(tmp_path, source: str, timeout_s: float) -> list[dict]:
+    """``accelerate launch`` of a 2-rank DDP config on ``source`` written as a script (records in tmp_path/records)."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
+    records = apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False,
+                                     timeout_s=timeout_s)
+    return records
+
+
 @pytest.mark.slow
 @needs["accelerate"]
 def test_a_failing_accelerate_launch_is_one_line_naming_the_error(tmp_path):
-    script = tmp_path / "fails.py"
-    script.write_text("raise ValueError('the batch does not split over the ranks')\n")
-    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
     with pytest.raises(RuntimeError) as err:
-        apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False, timeout_s=300)
+        _launch_source(tmp_path, "raise ValueError('the batch does not split over the ranks')\n", timeout_s=300)
     message = str(err.value)
     assert "\n" not in message and "ValueError: the batch does not split over the ranks" in message, message
     assert (tmp_path / "records" / "launch.log").is_file()
@@ -187,13 +194,11 @@ def test_a_failing_accelerate_launch_is_one_line_naming_the_error(tmp_path):
 @pytest.mark.slow
 @needs["accelerate"]
 def test_a_hanging_accelerate_launch_is_stopped_at_its_timeout_and_its_log_says_where(tmp_path):
-    script = tmp_path / "hangs.py"
-    script.write_text("import time\n\n\ndef wait_for_a_peer_that_never_comes():\n    time.sleep(300)\n\n\n"
-                      "wait_for_a_peer_that_never_comes()\n")
-    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
+    hangs = ("import time\n\n\ndef wait_for_a_peer_that_never_comes():\n    time.sleep(300)\n\n\n"
+             "wait_for_a_peer_that_never_comes()\n")
     # 45 s: long enough for both ranks to reach the hang on a busy 2-core machine (they take 5-30 s to start)
     with pytest.raises(RuntimeError, match="timed out after 45 s; where each process was is in its log"):
-        apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False, timeout_s=45)
+        _launch_source(tmp_path, hangs, timeout_s=45)
     log = (tmp_path / "records" / "launch.log").read_text()
     assert log.count("in wait_for_a_peer_that_never_comes") == 2, log[-2000:]  # both ranks' stacks
 
@@ -202,12 +207,10 @@ def test_a_hanging_accelerate_launch_is_stopped_at_its_timeout_and_its_log_says_
 @needs["accelerate"]
 def test_accelerate_ranks_meet_on_a_free_port_not_on_the_shared_default(tmp_path):
     """29500 is every launcher's default on a shared node; Accelerate only checks it before use (a race)."""
-    script = tmp_path / "port.py"
-    script.write_text("import os\nfrom dlo.runtime import write_record\n"
-                      "write_record({'port': os.environ['MASTER_PORT']})\n")
-    config = apis.write_accelerate_config(tmp_path / "ddp.yaml", "ddp", 2, cpu=True)
-    assert apis.read_accelerate_config(config).main_process_port == 0
-    records = apis.launch_accelerate(script, [], config, records_dir=tmp_path / "records", echo=False, timeout_s=300)
+    fsdp = apis.write_accelerate_config(tmp_path / "fsdp.yaml", "fsdp", 2, cpu=False)  # a GPU node's config
+    assert apis.read_accelerate_config(fsdp).main_process_port == 0
+    records = _launch_source(tmp_path, "import os\nfrom dlo.runtime import write_record\n"
+                                       "write_record({'port': os.environ['MASTER_PORT']})\n", timeout_s=300)
     ports = {r["port"] for r in records}
     assert len(records) == 2 and len(ports) == 1 and ports != {"29500"}, records
 
