@@ -170,6 +170,9 @@ def test_forked_exit_code_and_timeout_are_reported():
     with pytest.raises(LaunchError) as err:
         launch_forked(SCRIPTS / "hang.py", nproc=2, timeout_s=15)
     assert err.value.timed_out and err.value.last_line == "started, now sleeping" and "timed out after 15 s" in str(err.value)
+    # stopped with SIGABRT first: each rank's log shows where it was (the sleep, line 5 of hang.py)
+    assert err.value.log.count('hang.py", line 5 in <module>') == 2, err.value.log[-1500:]
+    assert "where each rank was is in the full log" in str(err.value)
 
 
 @distributed

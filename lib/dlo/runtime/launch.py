@@ -487,6 +487,16 @@ def launch(
 FORKED_GRACE_S = 3.0
 
 
+def _abort_with_stacks(procs: Sequence[Any], wait_s: float = 5.0) -> None:
+    """SIGABRT to forked ranks: each prints its threads' stacks into its log (``faulthandler``) and dies."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGABRT)
+    deadline = time.monotonic() + wait_s
+    for proc in procs:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
 def _free_port() -> int:
     import socket
 
@@ -506,6 +516,9 @@ def _forked_rank(script: str, args: list[str], env: dict[str, str], log_path: st
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    import faulthandler
+
+    faulthandler.enable(file=sys.stderr)  # SIGABRT at a timeout (launch_forked) prints where each thread was
     os.environ.clear()
     os.environ.update(env)
     if "torch" in sys.modules:  # imported by the server before OMP_NUM_THREADS was this rank's
@@ -604,6 +617,9 @@ def launch_forked(
             if timed_out or (first_failure_at is not None and now - first_failure_at > FORKED_GRACE_S):
                 break
     finally:  # a failure, a timeout, or the caller interrupted: no rank is left behind
+        if timed_out:  # the last lines before the ranks' stacks, then the stacks, into their logs
+            before = {rank: _read_lines(path) for rank, path in enumerate(logs)}
+            _abort_with_stacks([p for p in procs if p.exitcode is None and p.pid is not None])
         for proc in procs:
             if proc.exitcode is None and proc.pid is not None:
                 proc.kill()
@@ -627,9 +643,9 @@ def launch_forked(
     if timed_out:
         alive = [r for r, c in codes.items() if c is None or c < 0]
         rank = alive[0] if alive else None
-        last = _last_meaningful(per_rank.get(rank, [])) if rank is not None else ""
+        last = _last_meaningful([_without_own_prefix(line, rank) for line in before[rank]]) if rank is not None else ""
         raise LaunchError(f"{name} on {nproc} processes timed out after {timeout_s:g} s and was stopped; last output: "
-                          f"[rank{rank}] {last or '(no output)'} ({where})",
+                          f"[rank{rank}] {last or '(no output)'}; where each rank was is in the {where}",
                           rank=rank, last_line=last, log=log, command=command, records_dir=folder, timed_out=True)
     notes = []
     for path in (folder / _FAILURES_SUBDIR).glob("rank*.json"):
