@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dlo.course.notebooks import _source
+from dlo.runtime.context import free_port
 from dlo.runtime.paths import ROOT
 
 if not os.environ.get("DLO_BROWSER_TEST"):
@@ -36,12 +36,6 @@ NOTEBOOK = Path("Jour4") / "student" / "hpo.ipynb"  # tqdm widget, figures, then
 SOURCE = Path("Jour4") / "hpo.ipynb"
 SHOTS = ROOT / "runs" / "browser"
 SLOW_MS = 900_000  # a busy 2-core machine: kernel start, Optuna studies, figures
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _landmarks() -> dict[str, int]:
@@ -69,7 +63,7 @@ def lab(tmp_path):
     work = tmp_path / "work"
     (work / NOTEBOOK.parent).mkdir(parents=True)
     shutil.copy(ROOT / NOTEBOOK, work / NOTEBOOK)
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     news = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text('{"fetchNews": "false"}')  # no "official Jupyter news?" toast over the screenshots

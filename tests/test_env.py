@@ -254,9 +254,25 @@ def test_launch_bad_input(tmp_path):
         launch(script, records_dir=tmp_path)
 
 
-def test_free_port():
-    port = free_port()
-    assert 0 < port < 65536
+def test_free_port_is_bindable_outside_the_ephemeral_range_and_leaves_random_alone(monkeypatch):
+    """A port from the ephemeral range can be taken as an outgoing connection's source port before rank 0 binds it
+    (EADDRINUSE in a busy CI); a seeded ``random`` in the caller must draw what it would have drawn."""
+    import random
+    import socket
+
+    from dlo.runtime import context
+
+    low, high = context._ephemeral_ports()
+    random.seed(0)
+    expected = random.random()
+    random.seed(0)
+    ports = [free_port() for _ in range(20)]
+    assert random.random() == expected
+    assert all(10000 <= p < low or high < p < 65536 for p in ports), (low, high, ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[-1]))
+    monkeypatch.setattr(context, "_ephemeral_ports", lambda: (1024, 60999))  # no room below: above the range
+    assert all(60999 < free_port() < 65536 for _ in range(5))
 
 
 def test_expand_runs_overrides_names_and_rejects_unknown_options():

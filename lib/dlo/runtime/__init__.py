@@ -16,9 +16,8 @@ import types
 _EXPORTS = {
     **dict.fromkeys(("DEVICE_ENV", "pick_device", "synchronize"), "device"),
     **dict.fromkeys(("DEFAULT_MASTER_ADDR", "DEFAULT_MASTER_PORT", "DistContext", "dist_context", "expand_nodelist",
-                     "rank_and_world", "is_main_process"), "context"),
-    **dict.fromkeys(("init_distributed", "teardown", "exit_after_success", "distributed", "free_port"),
-                    "distributed"),
+                     "rank_and_world", "is_main_process", "free_port"), "context"),
+    **dict.fromkeys(("init_distributed", "teardown", "exit_after_success", "distributed"), "distributed"),
     **dict.fromkeys(("RECORDS_ENV", "write_record", "read_records"), "records"),
     **dict.fromkeys(("LaunchError", "build_launch_command", "check_processes", "expand_runs", "launch"), "launch"),
     **dict.fromkeys(("AXES", "Grid"), "grid"),

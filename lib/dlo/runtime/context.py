@@ -14,6 +14,43 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default, so single-process and torchrun runs look alike
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes the source ports of outgoing connections from (Linux: 32768-60999)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago, for the ranks of a local run to meet on.
+
+    It is drawn outside the kernel's ephemeral range: a port from that range can be taken, between this check
+    and rank 0's bind, as the source port of any outgoing connection on the machine (another run's gloo
+    sockets, for one), and rank 0 then fails with EADDRINUSE. Another launch drawing the same port at the same
+    moment is still possible, only far less likely. Drawn with the system's random source, so a seeded
+    ``random`` in the caller is left alone."""
+    import random
+    import socket
+
+    low, high = _ephemeral_ports()
+    choices = range(10000, low) if low - 10000 >= 1000 else range(high + 1, 65536)
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.choice(choices)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # all taken: let the OS pick one
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Distributed context: who am I, how many are we, where do we meet
 # ----------------------------------------------------------------------------------------------------

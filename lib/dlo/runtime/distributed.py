@@ -185,8 +185,3 @@ def distributed(backend: str | None = None, device: str | None = None, timeout_s
             teardown()
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it). Someone else may take it before you do."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

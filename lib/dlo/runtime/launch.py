@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from dlo.runtime.records import RECORDS_ENV, _FAILURES_SUBDIR, _RECORD_FILE, read_records
+from dlo.runtime.context import free_port
 from dlo.runtime.paths import run_dir
 
 
@@ -497,14 +498,6 @@ def _abort_with_stacks(procs: Sequence[Any], wait_s: float = 5.0) -> None:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _forked_rank(script: str, args: list[str], env: dict[str, str], log_path: str) -> None:
     """One rank, in a process forked from the server: run ``script`` as ``python script args`` would."""
     import runpy
@@ -589,7 +582,7 @@ def launch_forked(
     folder = _records_folder(script_path, records_dir)
     base_env = _child_env(env, folder)
     base_env.setdefault("OMP_NUM_THREADS", str(max(1, _usable_cpus() // nproc)))
-    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(nproc),
+    base_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                     LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(preload))  # applies when the server starts (the first launch)
