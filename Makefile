@@ -70,7 +70,8 @@ CORES := $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null ||
 threads_per = $(shell echo $$(( $(CORES) / $(1) > 1 ? $(CORES) / $(1) : 1 )))
 test: $(STAMP)
 	OMP_NUM_THREADS=$(call threads_per,$(TEST_WORKERS)) DLO_LAUNCHER=fork \
-	    $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py --ignore=tests/test_dry_profiles.py -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
+	    $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py --ignore=tests/test_dry_profiles.py \
+	    -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 \
 	    $(VENV)/bin/python -m pytest tests/test_dry_profiles.py tests/test_wrong_answers.py -q -n $(REHEARSAL_WORKERS) \
 	    --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
@@ -83,7 +84,8 @@ test: $(STAMP)
 # Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),
 # each in its own Python (dlo run --engine plain), alone: the second stage of `make test` runs them with the corpus.
 test-dry: $(STAMP)
-	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 $(VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
+	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 \
+	    $(VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
 	    -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
