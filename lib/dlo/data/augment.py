@@ -235,19 +235,26 @@ def sample_mix_params(batch_size: int, alpha: float, *, kind: str = "mixup", hei
 # Shared checks and helpers
 # --------------------------------------------------------------------------------------------------
 
-def to_soft_targets(targets: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
-    """Targets as floating point ``[B, K]``: integer labels ``[B]`` are one-hot encoded (float32, needs
-    ``num_classes``), soft / one-hot targets ``[B, K]`` pass through."""
+def _is_label_vector(targets: torch.Tensor, num_classes: int | None) -> bool:
+    """True for integer labels ``[B]``, False for soft targets ``[B, K]``; one clear error for anything else."""
     if targets.ndim == 1 and not targets.dtype.is_floating_point:
         if num_classes is None:
             raise ValueError("integer labels [B] need num_classes to be one-hot encoded")
-        return F.one_hot(targets.long(), num_classes).to(torch.float32)
+        return True
     if targets.ndim == 2 and targets.dtype.is_floating_point:
         if num_classes is not None and targets.shape[1] != num_classes:
             raise ValueError(f"targets have {targets.shape[1]} classes but num_classes={num_classes}")
-        return targets
+        return False
     raise ValueError(f"targets must be integer labels [B] or float soft targets [B, K], got dtype {targets.dtype} "
                      f"and shape {tuple(targets.shape)}")
+
+
+def to_soft_targets(targets: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
+    """Targets as floating point ``[B, K]``: integer labels ``[B]`` are one-hot encoded (float32, needs
+    ``num_classes``), soft / one-hot targets ``[B, K]`` pass through."""
+    if _is_label_vector(targets, num_classes):
+        return F.one_hot(targets.long(), num_classes).to(torch.float32)
+    return targets
 
 
 def _check_inputs(images: torch.Tensor, targets: torch.Tensor, params: MixParams, kind: str) -> None:
@@ -277,10 +284,23 @@ def _memory_format(images: torch.Tensor) -> torch.memory_format:
 
 
 def _finish(mixed: torch.Tensor, images: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """Write the result into ``images`` (``inplace``) or return it with the input's dtype and memory format."""
+    """Write the result into ``images`` (``inplace``) or return it with the input's dtype and memory format
+    (no copy when ``mixed`` already has them)."""
     if inplace:
         return images.copy_(mixed)
     return mixed.to(images.dtype).contiguous(memory_format=_memory_format(images))
+
+
+def _partners(images: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``images[perm]`` (a fresh tensor) in the memory format of ``images``.
+
+    ``index_select`` returns a contiguous NCHW tensor whatever its input's layout; from a channels_last
+    batch, the element-wise operations after it would then produce NCHW too, and :func:`_finish` would pay
+    one more pass over the batch to convert back. Selecting along dimension 0 of the NHWC view keeps the
+    layout for free (``x[perm]`` keeps it as well, through the slower general indexing path)."""
+    if _memory_format(images) is torch.channels_last:
+        return images.permute(0, 2, 3, 1).index_select(0, perm).permute(0, 3, 1, 2)
+    return images.index_select(0, perm)
 
 
 def mix_weights(lam: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,11 +312,38 @@ def mix_weights(lam: torch.Tensor, dtype: torch.dtype, device: torch.device | st
     return lam.to(dtype), (1.0 - lam).to(dtype)
 
 
-def _mix_targets(soft: torch.Tensor, params: MixParams) -> torch.Tensor:
-    """``lam_i * t_i + (1 - lam_i) * t_perm[i]`` for the whole batch, in the targets' dtype."""
-    t = soft.to(_compute_dtype(soft.dtype))
-    own, other = mix_weights(params.lam, t.dtype, t.device)
-    return (own[:, None] * t + other[:, None] * t.index_select(0, params.perm.to(t.device))).to(soft.dtype)
+def _weight_pairs(lam: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[B, 2]``: column 0 is ``lam``, column 1 is ``1 - lam``, the same values as :func:`mix_weights` in one
+    tensor, which MixUp shares between the images and the labels (three small operations saved)."""
+    lam = lam.to(device=device, dtype=torch.float64)
+    return torch.stack([lam, 1.0 - lam], dim=1).to(dtype)
+
+
+def _mix_targets(targets: torch.Tensor, params: MixParams, num_classes: int | None,
+                 weights: torch.Tensor | None = None) -> torch.Tensor:
+    """``lam_i * t_i + (1 - lam_i) * t_perm[i]`` for the whole batch: float32 for integer labels, else the
+    targets' dtype. ``weights``: :func:`_weight_pairs` already computed (used when dtype and device match).
+
+    Integer labels are not one-hot encoded first: the two weights of each sample are added at its two
+    classes, ``zeros([B, K]).scatter_add_(1, [y_i, y_perm[i]], [lam_i, 1 - lam_i])``. Same values as the
+    one-hot formula bit for bit: every other class gets 0, a class gets ``0 + lam_i`` or ``0 + (1 - lam_i)``
+    (exact), and when both labels are the same class it gets ``lam_i + (1 - lam_i)``, one rounding either
+    way and in either order. Four small operations (gather the partners' labels, pair, zeros, scatter) instead
+    of seven (one-hot as zeros and scatter, cast, gather, two products, a sum). On a CPU there is also no
+    range check of the labels that reads them (``F.one_hot``'s): an out-of-range label is an error from
+    ``scatter_add_`` instead (on a GPU, a device-side assertion in both cases)."""
+    labels = _is_label_vector(targets, num_classes)
+    compute = torch.float32 if labels else _compute_dtype(targets.dtype)
+    perm = params.perm.to(targets.device)
+    if weights is None or weights.dtype != compute or weights.device != targets.device:
+        weights = _weight_pairs(params.lam, compute, targets.device)
+    if labels:
+        classes = targets.long()
+        pairs = torch.stack([classes, classes.index_select(0, perm)], dim=1)
+        out = torch.zeros(len(targets), num_classes, dtype=compute, device=targets.device)
+        return out.scatter_add_(1, pairs, weights)
+    t = targets.to(compute)
+    return (weights[:, :1] * t + weights[:, 1:] * t.index_select(0, perm)).to(targets.dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -358,37 +405,51 @@ def mixup(images: torch.Tensor, targets: torch.Tensor, params: MixParams, *, num
     The gathered partners are a fresh tensor of our own, so we scale them in place (``mul_``, ``add_``)
     instead of allocating two more batch-sized temporaries: on a CPU, fresh large buffers cost page
     faults. (``x[perm]`` gives the same values as ``index_select`` but goes through the general
-    advanced-indexing path, several times slower on CPU.)
+    advanced-indexing path, several times slower on CPU.) The weights ``(lam, 1 - lam)`` are computed once
+    for the images and the labels when both are mixed in float32.
     """
     _check_inputs(images, targets, params, "mixup")
-    soft = to_soft_targets(targets, num_classes)
     x = images.to(_compute_dtype(images.dtype))
-    own, other = (w.view(-1, 1, 1, 1) for w in mix_weights(params.lam, x.dtype, images.device))
-    partners = x.index_select(0, params.perm.to(images.device))
+    weights = _weight_pairs(params.lam, x.dtype, images.device)
+    own, other = weights[:, 0].view(-1, 1, 1, 1), weights[:, 1].view(-1, 1, 1, 1)
+    partners = _partners(x, params.perm.to(images.device))
     mixed = partners.mul_(other).add_(own * x)  # (1 - lam) x_perm + lam x
-    return _finish(mixed, images, inplace), _mix_targets(soft, params)
+    return _finish(mixed, images, inplace), _mix_targets(targets, params, num_classes, weights)
 
 
 def cutmix_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """Boolean ``[B, 1, H, W]``, True inside each sample's box: ``arange(H)`` against ``[y0, y1)`` and
-    ``arange(W)`` against ``[x0, x1)`` broadcast to ``[B, H, W]``; the channel dimension broadcasts later."""
-    rows = torch.arange(height, device=boxes.device).view(1, height, 1)
-    cols = torch.arange(width, device=boxes.device).view(1, 1, width)
-    y0, y1, x0, x1 = (b.view(-1, 1, 1) for b in boxes.unbind(1))
-    inside = (rows >= y0) & (rows < y1) & (cols >= x0) & (cols < x1)
-    return inside.unsqueeze(1)
+    """Boolean ``[B, 1, H, W]``, True inside each sample's box (rows ``[y0, y1)``, columns ``[x0, x1)``).
+
+    Four operations whatever the batch size: one ``arange(max(H, W))`` compared with the four corners of every
+    box at once (``past[b, k, i] = i >= boxes[b, k]``, shape ``[B, 4, L]``); a row is inside its box when it
+    is past ``y0`` and not past ``y1`` (``past_y0 > past_y1`` on booleans, likewise for the columns); the
+    outer AND of the rows ``[B, 1, H, 1]`` and the columns ``[B, 1, 1, W]`` gives the mask. The channel
+    dimension broadcasts in :func:`cutmix`. (The direct ``(rows >= y0) & (rows < y1) & (cols >= x0) &
+    (cols < x1)`` on ``[B, H, 1]`` and ``[B, 1, W]`` pieces gives the same mask with nine operations; on a GPU,
+    with small images, each operation costs a launch of several microseconds, far more than its work.)"""
+    index = torch.arange(max(height, width), device=boxes.device)
+    past = index >= boxes.unsqueeze(-1)  # [B, 4, L]: past y0, past y1, past x0, past x1
+    inside = past[:, 0::2] > past[:, 1::2]  # [B, 2, L]: rows in [y0, y1), columns in [x0, x1)
+    return inside[:, 0, None, :height, None] & inside[:, 1, None, None, :width]
 
 
 def cutmix(images: torch.Tensor, targets: torch.Tensor, params: MixParams, *, num_classes: int | None = None,
            inplace: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """CutMix on the whole batch at once: one mask for all boxes (:func:`cutmix_mask`), then
-    ``torch.where(mask, partners, images)``. Pixels are copied, never computed: any dtype is exact."""
+    ``torch.where(mask, partners, images)``. Pixels are copied, never computed: any dtype is exact.
+
+    Two passes over the images (gather the partners, select), in their own memory format; no host-device
+    synchronisation; the labels are mixed with ``params.lam``, computed from the clipped boxes' areas when
+    the params were made. In place, the select writes straight into ``images`` (it reads each pixel before
+    writing it, and the partners were gathered before)."""
     _check_inputs(images, targets, params, "cutmix")
-    soft = to_soft_targets(targets, num_classes)
     mask = cutmix_mask(params.boxes.to(images.device), images.shape[-2], images.shape[-1])
-    partners = images.index_select(0, params.perm.to(images.device))
-    mixed = torch.where(mask, partners, images)
-    return _finish(mixed, images, inplace), _mix_targets(soft, params)
+    partners = _partners(images, params.perm.to(images.device))
+    if inplace:
+        mixed = torch.where(mask, partners, images, out=images)
+    else:
+        mixed = _finish(torch.where(mask, partners, images), images, inplace=False)
+    return mixed, _mix_targets(targets, params, num_classes)
 
 
 class MixCutMix:
