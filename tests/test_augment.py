@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
 from dlo.data import augment as A
@@ -198,6 +199,159 @@ def test_mixup_formula_per_sample():
     # x_i' = lam_i (i + 1) + (1 - lam_i) (perm_i + 1)
     assert out[:, 0, 0, 0].tolist() == [0.25 * 1 + 0.75 * 2, 0.5 * 2 + 0.5 * 3, 3.0, 1.0]
     assert soft[0].tolist() == [0.25, 0.75, 0.0, 0.0]
+
+
+@FAST
+@given(b=st.integers(1, 9), h=st.integers(1, 13), w=st.integers(1, 13), seed=st.integers(0, 2**31 - 1),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.uint8]),
+       channels_last=st.booleans(), soft_labels=st.booleans(), inplace=st.booleans())
+def test_cutmix_equals_the_loop_on_odd_shapes(b, h, w, seed, dtype, channels_last, soft_labels, inplace):
+    """Bit for bit, whatever the shape (H != W either way, 1-pixel sides), dtype, layout and labels."""
+    gen = torch.Generator().manual_seed(seed)
+    images = (torch.rand(b, 3, h, w, generator=gen) * 255).to(dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    k = 5
+    labels = torch.randint(k, (b,), generator=gen)
+    if soft_labels:
+        labels = torch.softmax(torch.randn(b, k, generator=gen), dim=1)
+    params = params_for("cutmix", b, h, w, alpha=0.8, seed=seed)
+    out_loop, t_loop = A.cutmix_reference(images.clone(), labels, params, num_classes=k, inplace=inplace)
+    given_images = images.clone()
+    out, t = A.cutmix(given_images, labels, params, num_classes=k, inplace=inplace)
+    assert torch.equal(out, out_loop) and torch.equal(t, t_loop)
+    assert out.dtype == dtype and t.dtype == t_loop.dtype
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert (out.data_ptr() == given_images.data_ptr()) is inplace
+
+
+def test_cutmix_mask_equals_the_boxes_drawn_by_hand():
+    """Empty boxes, whole-image boxes, one-pixel boxes, boxes touching each border, H != W both ways."""
+    for h, w in ((5, 9), (9, 5), (1, 7), (6, 1), (1, 1)):
+        boxes = [[0, 0, 0, 0], [0, h, 0, w], [h - 1, h, w - 1, w], [0, 1, 0, 1], [h // 2, h // 2, 0, w],
+                 [0, h, w // 2, w // 2 + 1], [1 % h, h, 0, (w + 1) // 2]]
+        mask = A.cutmix_mask(torch.tensor(boxes), h, w)
+        assert mask.shape == (len(boxes), 1, h, w) and mask.dtype == torch.bool
+        for i, (y0, y1, x0, x1) in enumerate(boxes):
+            expected = torch.zeros(h, w, dtype=torch.bool)
+            expected[y0:y1, x0:x1] = True
+            assert torch.equal(mask[i, 0], expected), (h, w, boxes[i])
+
+
+def test_cutmix_label_weight_is_the_clipped_area_and_same_class_pairs_round_once():
+    """The labels use params.lam (the clipped box's area), not the drawn lam; a pair of the same class gets
+    lam + (1 - lam) rounded once in float32, exactly as the one-hot formula of the loop."""
+    b, h, w = 64, 8, 8
+    params = params_for("cutmix", b, h, w, alpha=1.0, seed=11)
+    assert not torch.equal(params.lam, params.lam_drawn)  # boxes were clipped / rounded: the two differ
+    images = torch.rand(b, 1, h, w)
+    same = torch.zeros(b, dtype=torch.long)  # everybody class 0: each image's two weights land on one class
+    _, t_loop = A.cutmix_reference(images, same, params, num_classes=3)
+    _, t = A.cutmix(images, same, params, num_classes=3)
+    assert torch.equal(t, t_loop)
+    own, other = A.mix_weights(params.lam, torch.float32, "cpu")
+    assert torch.equal(t[:, 0], own + other) and (t[:, 1:] == 0).all()
+    labels = torch.arange(b)  # one class per image: image i's own weight is t[i, i]
+    _, t = A.cutmix(images, labels, params, num_classes=b)
+    assert torch.equal(t.diagonal(), params.lam.float())  # the weight of the pasted area
+
+
+# --------------------------------------------------------------------------------------------------
+# What one batched call costs: operations counted, no host-device synchronisation
+# --------------------------------------------------------------------------------------------------
+
+class CountOps(TorchDispatchMode):
+    """Records every aten operation run inside it: its name, whether it only makes a view, and the largest
+    number of elements it writes (a new tensor or one modified in place; -1 when it returns no tensor, such
+    as ``promote_types``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, bool, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        aliases = [r.alias_info for r in func._schema.returns]
+        view = bool(aliases) and all(a is not None and not a.is_write for a in aliases)
+        written = [t.numel() for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.ops.append((func.overloadpacket.__name__, view, max(written, default=-1)))
+        return out
+
+    def kernels(self) -> list[str]:
+        """The operations that compute a tensor (each is a kernel launch on a GPU)."""
+        return [name for name, view, n in self.ops if not view and n >= 0]
+
+    def full_passes(self, numel: int) -> list[str]:
+        """The operations that write a tensor as large as the images."""
+        return [name for name, view, n in self.ops if not view and n >= numel]
+
+
+def count_ops(kind, b, h=5, w=7, *, dtype=torch.float32, channels_last=False, soft_labels=False,
+              inplace=False, device="cpu"):
+    gen = torch.Generator().manual_seed(b)
+    images = torch.rand(b, 3, h, w, generator=gen).to(dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(4, (b,), generator=gen)
+    if soft_labels:
+        labels = torch.softmax(torch.randn(b, 4, generator=gen), dim=1)
+    params = params_for(kind, b, h, w, seed=b).to(device)
+    images, labels = images.to(device), labels.to(device)
+    with CountOps() as counter:
+        APPLY[kind][1](images, labels, params, num_classes=4, inplace=inplace)
+    return counter, images.numel()
+
+
+SYNCING_OPS = {"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select", "unique", "_unique2",
+               "is_nonzero", "equal", "allclose"}
+
+
+@pytest.mark.parametrize("kind", ["mixup", "cutmix"])
+@pytest.mark.parametrize("soft_labels", [False, True], ids=["int_labels", "soft_labels"])
+def test_batched_call_runs_the_same_operations_whatever_the_batch_size(kind, soft_labels):
+    """No loop over the images: 1 image or 37, the same operations in the same order; none that reads a
+    value back on the host (on a GPU, a synchronisation)."""
+    ops = {b: count_ops(kind, b, soft_labels=soft_labels)[0].ops for b in (1, 2, 37)}
+    names = {b: [name for name, _, _ in o] for b, o in ops.items()}
+    assert names[1] == names[2] == names[37]
+    assert not SYNCING_OPS & set(names[37]), names[37]
+
+
+@pytest.mark.parametrize("kind", ["mixup", "cutmix"])
+@pytest.mark.parametrize("soft_labels", [False, True], ids=["int_labels", "soft_labels"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_batched_call_never_reads_data_on_the_host(kind, soft_labels, inplace):
+    """On the meta device tensors have shapes but no data: ``.item()``, ``.tolist()``, ``nonzero`` or a
+    boolean index fail there. The batched call runs; the loop, which reads the boxes and partners, does not."""
+    counter, numel = count_ops(kind, 6, soft_labels=soft_labels, inplace=inplace, device="meta")
+    assert counter.full_passes(numel)
+    params = params_for(kind, 6, 5, 7).to("meta")
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        APPLY[kind][0](torch.rand(6, 3, 5, 7, device="meta"), torch.zeros(6, dtype=torch.long, device="meta"),
+                       params, num_classes=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_batched_cutmix_costs_two_passes_over_the_images_and_few_kernels(dtype, channels_last, inplace):
+    """Gather the partners, select with the mask: two operations as large as the batch, in any dtype and
+    either layout (no conversion, no copy back to channels_last, no copy into the input in place). About
+    ten small operations besides, whatever the batch size: on a GPU, where a batch of 256 small images is a
+    few microseconds of work per kernel, the launches are what a call costs (the direct mask, a one-hot
+    encoding and the separate weights were 21 kernels on a GPU, 24 counted here, where ``F.one_hot`` also
+    reads the labels' range; the loop runs 6 per image)."""
+    counter, numel = count_ops("cutmix", 37, dtype=dtype, channels_last=channels_last, inplace=inplace)
+    assert counter.full_passes(numel) == ["index_select", "where"], counter.full_passes(numel)
+    assert len(counter.kernels()) <= 14, counter.kernels()  # 13
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_batched_mixup_passes_do_not_depend_on_the_layout(channels_last):
+    """float32 MixUp: gather, two products, a sum; channels_last costs no extra copy."""
+    counter, numel = count_ops("mixup", 37, channels_last=channels_last)
+    assert len(counter.full_passes(numel)) == 4, counter.full_passes(numel)
+    assert len(counter.kernels()) <= 12, counter.kernels()  # 11; were 17 (weights computed twice, one-hot)
 
 
 # --------------------------------------------------------------------------------------------------
