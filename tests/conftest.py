@@ -68,6 +68,18 @@ def read_only_folder():
         shutil.rmtree(base, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- a GPU node's bare Python
+BARE_NODE = Path(__file__).with_name("bare_node")
+
+
+def bare_node_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a Python that cannot import the Jupyter stack, as on a GPU node
+    (tests/bare_node/sitecustomize.py is imported at its start-up)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BARE_NODE), env.get("PYTHONPATH")]))
+    return env
+
+
 # ---------------------------------------------------------------- the wrong-answer corpus's rejection rate
 # test_wrong_answers.py records, per answer, whether its checker rejected it (``record_property``). The
 # properties travel with the test reports, from every xdist worker to the process that prints the summary.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import bare_node_env
 from dlo.course import notebooks as nbs
 from dlo.course import runner
 from dlo.runtime.paths import ROOT
@@ -371,16 +372,43 @@ def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys)
 
 
 def test_plain_engine_works_without_ipython(tmp_path):
-    """GPU nodes may have torch, pandas and tqdm but no IPython: display/Markdown are stood in for."""
-    code = ("import sys; sys.modules['IPython'] = None\n"  # makes `import IPython` fail, as where it is absent
-            "from dlo.course.runner import run_plain\n"
+    """GPU nodes may have torch, pandas, matplotlib and tqdm but no IPython: displays come out as text, figures as
+    files named by one line; no stand-in `IPython` module is left for pandas or matplotlib to read (one without
+    `version_info` broke matplotlib's figure creation on such a node)."""
+    code = ("from dlo.course.runner import run_plain\n"
             f"ns = run_plain({str(FIXTURES / 'plain_display.ipynb')!r}, out_dir={str(tmp_path)!r})\n"
             "print('total', ns['total'], 'out_dir', ns['out_dir'])\n")
-    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=bare_node_env())
     assert res.returncode == 0, res.stderr
     assert "**profile smoke**" in res.stdout
     assert "total 3 out_dir " + str(tmp_path) in res.stdout
     assert "a\n0  3" in res.stdout  # the Styler's DataFrame printed as text
+    assert "IPython module: None" in res.stdout
+    figures = sorted((tmp_path / "figures").glob("*.png"))
+    assert [f.name for f in figures] == ["cell05-01.png", "cell05-02.png"], figures
+    assert f"[figure: shown at plt.show -> {figures[0]}]" in res.stdout
+    assert f"[figure: left open by the cell -> {figures[1]}]" in res.stdout
+    assert res.stdout.index("shown at plt.show") < res.stdout.index("left open by the cell")
+    assert figures[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_bare_node_python_cannot_import_the_jupyter_stack():
+    """The environment the plain engine is tested in: torch, pandas and matplotlib import, the Jupyter stack
+    does not (as on a GPU node), whatever this venv has installed."""
+    probe = ("import importlib\n"
+             "for name in ['IPython', 'IPython.display', 'ipykernel', 'nbformat', 'papermill', 'jupyter_client',\n"
+             "             'nbclient', 'torch', 'pandas', 'matplotlib.pyplot', 'tqdm.auto']:\n"
+             "    try:\n"
+             "        importlib.import_module(name); print(name, 'ok')\n"
+             "    except ModuleNotFoundError:\n"
+             "        print(name, 'missing')\n")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env=bare_node_env())
+    seen = dict(line.split() for line in res.stdout.splitlines())
+    assert seen == {"IPython": "missing", "IPython.display": "missing", "ipykernel": "missing", "nbformat": "missing",
+                    "papermill": "missing", "jupyter_client": "missing", "nbclient": "missing", "torch": "ok",
+                    "pandas": "ok", "matplotlib.pyplot": "ok", "tqdm.auto": "ok"}, res.stdout + res.stderr
 
 
 def test_nbval_plugin_gives_late_outputs_a_minute():

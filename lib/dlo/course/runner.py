@@ -337,22 +337,76 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
     return executed
 
 
-class _PlainDisplay:
-    """Stand-in for ``IPython.display`` when a notebook runs as a plain script: Markdown as text,
-    DataFrames (and their Styler) as text tables, anything else through print."""
+class _PlainOutput:
+    """What a notebook displays, as text, when its cells run as a plain script (``run_plain``).
+
+    It stands in for ``IPython.display`` (``display``, ``Markdown``, ``HTML``, ``clear_output``): Markdown as
+    written, DataFrames (and their Styler) as text tables, anything else through ``print``. Figures, which Jupyter
+    shows under the cell that drew them, are saved as PNG files in ``<out_dir>/figures/`` and announced by one line
+    (``[figure: its titles -> path]``), at ``plt.show()`` or at the end of the cell, then closed, as Jupyter's
+    inline backend does. Nothing here imports IPython: a GPU node may not have it, and pandas and matplotlib read
+    the real ``IPython`` module whenever one is in ``sys.modules`` (a stand-in under that name breaks them).
+    """
+
+    def __init__(self, figures_dir: Path) -> None:
+        self.figures_dir = figures_dir
+        self.cell = 0
+        self.saved: list[Path] = []
 
     class Markdown:
-        def __init__(self, data: str = "") -> None:
+        def __init__(self, data: str = "", **_: Any) -> None:
             self.data = data
 
         def __str__(self) -> str:
             return self.data
 
-    @staticmethod
-    def display(*objs: Any, **_: Any) -> None:
+    class HTML(Markdown):
+        def __str__(self) -> str:
+            return re.sub(r"<[^<>]+>", "", self.data)
+
+    def display(self, *objs: Any, **_: Any) -> None:
+        from matplotlib.figure import Figure
+
         for obj in objs:
+            if isinstance(obj, Figure):
+                self.show_figure(obj)
+                continue
             inner = getattr(obj, "data", None) if obj.__class__.__name__ == "Styler" else None
             print(inner.to_string() if inner is not None else (obj.to_string() if hasattr(obj, "to_string") else obj))
+
+    @staticmethod
+    def clear_output(*_: Any, **__: Any) -> None:
+        """Nothing to clear in a log."""
+
+    def show_figure(self, fig: Any) -> None:
+        """Save ``fig`` under ``figures_dir``, print one line naming it, close it."""
+        import matplotlib.pyplot as plt
+
+        titles = [t for t in [getattr(fig, "_suptitle", None) and fig._suptitle.get_text(),
+                              *(ax.get_title() for ax in fig.axes)] if t]
+        self.figures_dir.mkdir(parents=True, exist_ok=True)
+        path = self.figures_dir / f"cell{self.cell:02d}-{len(self.saved) + 1:02d}.png"
+        fig.savefig(path)
+        self.saved.append(path)
+        print(f"[figure: {' | '.join(titles) or 'untitled'} -> {path}]", flush=True)
+        plt.close(fig)
+
+    def show_open_figures(self, *_: Any, **__: Any) -> None:
+        """``plt.show()`` in plain mode, and the end of every cell: every open figure, in the order drawn."""
+        import matplotlib.pyplot as plt
+
+        for number in plt.get_fignums():
+            self.show_figure(plt.figure(number))
+
+    def module(self) -> Any:
+        """The stand-in ``IPython.display`` module."""
+        import types
+
+        mod = types.ModuleType("IPython.display")
+        mod.__doc__ = "dlo's plain-engine stand-in for IPython.display: displays as text, figures as files"
+        mod.Markdown, mod.HTML, mod.display, mod.clear_output = (self.Markdown, self.HTML, self.display,
+                                                                 self.clear_output)
+        return mod
 
 
 def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
@@ -361,26 +415,27 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
 
     For machines that have torch but no Jupyter stack (a GPU node's bare Python): the code that runs is
     the notebook's own. Parameters are injected after the ``parameters`` cell, as papermill does; the
-    value of a cell's last expression is printed, as Jupyter shows it. The cells run in the notebook's
+    value of a cell's last expression is shown, as Jupyter shows it, and every display comes out as text
+    (:class:`_PlainOutput`; figures as PNG files in ``<out_dir>/figures/``). The cells run in the notebook's
     folder, as in Jupyter (relative paths such as a sibling script resolve the same way). Returns the
     final namespace.
     """
-    import types
-
     import matplotlib
 
     matplotlib.use("Agg")
-    notebook, params, _ = _prepare(notebook, profile, parameters, out_dir)
-    fake = types.ModuleType("IPython.display")
-    fake.Markdown, fake.display = _PlainDisplay.Markdown, _PlainDisplay.display  # type: ignore[attr-defined]
-    try:  # keep the real IPython when there is one (matplotlib and pandas ask it whether a kernel runs)
-        import IPython  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("IPython")
-        stub.get_ipython = lambda: None  # type: ignore[attr-defined]
-        sys.modules["IPython"] = stub
+    import matplotlib.pyplot as plt
+
+    notebook, params, out = _prepare(notebook, profile, parameters, out_dir)
+    shown = _PlainOutput(out / "figures")
+    fake = shown.module()
     saved = {"IPython.display": sys.modules.get("IPython.display")}
+    # `from IPython.display import display` finds this module in sys.modules without importing IPython itself
     sys.modules["IPython.display"] = fake
+
+    def show(*_: Any, **__: Any) -> None:  # a function, not a bound method: pyplot sets attributes on plt.show
+        shown.show_open_figures()
+
+    plt_show, plt.show = plt.show, show
     ns: dict[str, Any] = {"__name__": "__main__", "display": fake.display}
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     cwd = os.getcwd()
@@ -390,6 +445,7 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
         for number, cell in enumerate(cells, 1):
             src = _source(cell)
             first = _first_line(src)
+            shown.cell = number
             print(_cell_line(number, len(cells), src, time.monotonic() - start), flush=True)
             try:
                 tree = ast.parse(src)
@@ -399,6 +455,7 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
                     value = eval(compile(ast.Expression(last.value), f"{notebook.name}[{number}]", "eval"), ns)
                     if value is not None and not src.rstrip().endswith(";"):
                         fake.display(value)
+                shown.show_open_figures()
                 if "parameters" in cell.get("metadata", {}).get("tags", []):
                     ns.update(params)
             except Exception as exc:  # noqa: BLE001 - reported in one line, like run_notebook
@@ -407,11 +464,14 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
                                     f"{type(exc).__name__}: {line}") from exc
     finally:
         os.chdir(cwd)
+        plt.show = plt_show
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+    print(f"--- {len(cells)} code cells in {time.monotonic() - start:.1f} s"
+          + (f"; {len(shown.saved)} figure(s) in {shown.figures_dir}" if shown.saved else ""), flush=True)
     return ns
 
 
