@@ -3,6 +3,7 @@ parser reads its records right, a crash in one benchmark does not stop the other
 smoke size) runs end to end."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from dlo.cli import build_parser
 from dlo.course import gpu_check as gc
 from dlo.course.checks import load_exercises
+from dlo.course.notebooks import source_notebooks
 from dlo.course.runner import check_request
 from dlo.lessons import mixing, race
 from dlo.runtime.launch import LaunchError
@@ -155,7 +157,7 @@ def test_targets_are_judged_in_their_direction(name, value, verdict):
 def test_one_crash_does_not_stop_the_others_and_small_nodes_skip(monkeypatch, tmp_path):
     calls = []
 
-    def fake_run(bench, gpus, dry, out):
+    def fake_run(bench, gpus, dry, out, **_):
         calls.append(bench.name)
         if bench.name == "mixcutmix":
             raise LaunchError("rank 0 failed with exit code 1: CUDA error: an illegal memory access")
@@ -166,7 +168,10 @@ def test_one_crash_does_not_stop_the_others_and_small_nodes_skip(monkeypatch, tm
     monkeypatch.setattr(gc, "_run_one", fake_run)
     payload = gc.run_checks(gpus=1, out_path=tmp_path / "r.json", log=lambda s: None)
     rows = {r["benchmark"]: r for r in payload["results"]}
-    assert calls == ["jour1_ladder", "mixcutmix", "fsdp_mfu", "race"]  # the 2-GPU ones are not started
+    assert calls == ["jour1_ladder", "mixcutmix", "fsdp_mfu"]  # the 2-GPU ones are not started
+    # without the real CIFAR-10 (none here), the race says so instead of training on generated data for nothing
+    assert rows["race"]["verdict"] == ("skipped: needs the real CIFAR-10 (set DLO_DATA_DIR to the folder holding "
+                                       "cifar-10-batches-py)")
     assert rows["pipeline_1f1b"]["verdict"] == rows["tp_vs_dtensor"]["verdict"] == "skipped: needs 2 GPUs, 1 visible"
     crashed = rows["mixcutmix"]["verdict"]
     assert crashed.startswith("failed: ") and "illegal memory access" in crashed
@@ -184,16 +189,111 @@ def test_bad_requests_are_one_line_before_anything_runs(monkeypatch, tmp_path):
         gc.run_checks(dry_run=True, only=["mfu"], out_path=tmp_path / "r.json")
 
 
-def test_dry_run_end_to_end_on_cpu(tmp_path):
-    """The real commands at smoke size on 2 gloo processes (Jour 1's smoke profile is run by nbval in CI)."""
+def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
+    """``--quick --dry-run``, what CI runs of the GPU acceptance run: notebooks' dry profiles through the plain engine
+    (a course notebook, one that needs two GPUs, one that imports a package this Python lacks, one that fails),
+    then every benchmark's real command at smoke size on 2 gloo processes (Jour 1's smoke profile is run by nbval)."""
     out = tmp_path / "dry.json"
-    done = subprocess.run([sys.executable, "-m", "dlo", "gpu-check", "--dry-run", "--skip", "jour1_ladder",
-                           "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    rows = {r["benchmark"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(rows) == set(BY_NAME) - {"jour1_ladder"}
+    notebooks = ["Jour1/shapes.ipynb", "tests/fixtures/needs_two_gpus.ipynb",
+                 "tests/fixtures/needs_a_missing_package.ipynb", "tests/fixtures/failing.ipynb"]
+    done = subprocess.run([sys.executable, "-m", "dlo", "gpu-check", "--quick", "--dry-run", "--skip", "jour1_ladder",
+                           "--notebooks", *notebooks, "--jobs", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # failing.ipynb fails
+    payload = json.loads(out.read_text())
+    assert payload["quick"] and payload["dry_run"]
+    rows = {r.get("benchmark") or r["notebook"]: r for r in payload["results"]}
+    assert set(rows) == (set(BY_NAME) - {"jour1_ladder"}) | set(notebooks)
+    assert rows["Jour1/shapes.ipynb"]["verdict"] == "ok" and rows["Jour1/shapes.ipynb"]["seconds"] > 0
+    assert rows["tests/fixtures/needs_two_gpus.ipynb"]["verdict"].startswith("skipped: needs 2 GPUs, 1 visible")
+    assert rows["tests/fixtures/needs_a_missing_package.ipynb"]["verdict"] == \
+        "skipped: needs dlo_package_that_is_not_installed (not installed here)"
+    failing = rows["tests/fixtures/failing.ipynb"]["verdict"]
+    assert failing.startswith("failed: failing.ipynb: code cell 2 (answer = 1 / zero) failed with ZeroDivisionError")
     for name in ("mixcutmix", "pipeline_1f1b", "tp_vs_dtensor"):
         assert rows[name]["verdict"] == "dry run: not judged" and rows[name]["value"] > 0, rows[name]
     assert rows["fsdp_mfu"]["details"]["status"] == "ok", rows["fsdp_mfu"]
     assert rows["race"]["details"]["data"] == "generated", rows["race"]
+    table = done.stdout[done.stdout.index("notebook or benchmark"):]
+    assert len([ln for ln in table.splitlines() if ln.split()[0] in rows]) == len(rows)
     assert "dry run: not judged" in done.stdout and "wrote" in done.stdout
+
+
+def test_quick_on_one_gpu_runs_notebooks_first_then_the_one_gpu_benchmarks_with_fewer_steps(monkeypatch, tmp_path):
+    rehearsed, ran = [], []
+
+    def fake_rehearse(path, out, *, timeout_s, dry, env):
+        rehearsed.append((path.name, timeout_s, dry))
+        return {"notebook": path.name, "seconds": 1.0, "verdict": "ok"}
+
+    def fake_run(bench, gpus, dry, out, *, quick, timeout_s):
+        ran.append((bench.name, quick, timeout_s))
+        assert not rehearsed or len(rehearsed) == len(source_notebooks()), "benchmarks start after every notebook"
+        command = bench.command(gpus, dry, out, quick)
+        if bench.name == "fsdp_mfu":
+            args = command[2]
+            assert args[args.index("--steps") + 1] == gc.QUICK_STEPS["--steps"]
+            assert args[args.index("--model") + 1] == "llama-3.2-3b"  # same sizes, fewer steps
+            return [{"rank": 0, "status": "ok", "mfu": 0.41}]
+        raise RuntimeError("exit code 1: not measured here")
+
+    monkeypatch.setattr(gc, "rehearse_notebook", fake_rehearse)
+    monkeypatch.setattr(gc, "_run_one", fake_run)
+    monkeypatch.setattr(gc, "BENCHMARKS", tuple(dataclasses.replace(b, unavailable=lambda dry: None)
+                                                if b.name == "race" else b for b in gc.BENCHMARKS))
+    payload = gc.run_checks(gpus=1, quick=True, jobs=3, out_path=tmp_path / "q.json", log=lambda s: None)
+    assert sorted(name for name, _, _ in rehearsed) == sorted(p.name for p in source_notebooks())
+    assert all(t <= gc.NOTEBOOK_TIMEOUT_S and not dry for _, t, dry in rehearsed)
+    assert [name for name, _, _ in ran] == ["jour1_ladder", "mixcutmix", "fsdp_mfu", "race"]
+    assert all(quick and t <= gc.QUICK_BUDGET_S for _, quick, t in ran)
+    rows = {r.get("benchmark") or r["notebook"]: r for r in payload["results"]}
+    for name in ("pipeline_1f1b", "tp_vs_dtensor", "grid_3d"):
+        assert rows[name]["verdict"] == "skipped: needs 2 GPUs, 1 visible"
+    assert rows["fsdp_mfu"]["verdict"] == "met"
+    assert gc.failed(payload["results"]) == ["jour1_ladder", "mixcutmix", "race"]
+
+
+def test_quick_budget_caps_every_step_and_reports_what_could_not_start(monkeypatch, tmp_path):
+    clock = [1000.0]
+    monkeypatch.setattr(gc.time, "monotonic", lambda: clock[0])
+    timeouts = []
+
+    def fake_rehearse(path, out, *, timeout_s, dry, env):
+        timeouts.append(timeout_s)
+        clock[0] += 40.0  # each notebook takes 40 s
+        return {"notebook": path.name, "seconds": 40.0, "verdict": "ok"}
+
+    monkeypatch.setattr(gc, "rehearse_notebook", fake_rehearse)
+    monkeypatch.setattr(gc, "_run_one", lambda *a, **k: pytest.fail("no benchmark can start past the budget"))
+    nbs = ["Jour1/shapes.ipynb", "Jour1/jour1.ipynb", "Jour2/ddp.ipynb"]
+    payload = gc.run_checks(gpus=1, quick=True, jobs=1, budget_s=100, notebooks=nbs, only=["mixcutmix"],
+                            out_path=tmp_path / "q.json", log=lambda s: None)
+    assert timeouts == [100.0, 60.0, 20.0]  # each capped at what is left
+    rows = payload["results"]
+    assert [r["verdict"] for r in rows] == ["ok", "ok", "ok", "not run: the quick budget was spent"]
+
+
+def test_quick_bad_requests_are_one_line_before_anything_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(gc, "rehearse_notebook", lambda *a, **k: pytest.fail("nothing may run"))
+    monkeypatch.setattr(gc, "_run_one", lambda *a, **k: pytest.fail("nothing may run"))
+    for kwargs, message in [(dict(quick=True, notebooks=["Jour1/nope.ipynb"]), "no notebook at .*nope.ipynb"),
+                            (dict(notebooks=["Jour1/jour1.ipynb"]), "--notebooks goes with --quick"),
+                            (dict(quick=True, jobs=0), "--jobs must be at least 1"),
+                            (dict(jobs=2), "--jobs and --budget go with --quick"),
+                            (dict(quick=True, budget_s=-1), "--budget must be a positive number")]:
+        with pytest.raises(ValueError, match=message):
+            gc.run_checks(gpus=1, out_path=tmp_path / "r.json", **kwargs)
+
+
+def test_a_notebook_that_needs_more_gpus_is_skipped_and_a_missing_import_is_named(tmp_path):
+    """The notebook-level reasons, read from the run itself (TooFewGPUs's line) or from the notebook's imports."""
+    from dlo.course.notebooks import imported_packages, missing_packages
+
+    fixtures = ROOT / "tests" / "fixtures"
+    assert missing_packages(fixtures / "needs_a_missing_package.ipynb") == ["dlo_package_that_is_not_installed"]
+    assert imported_packages(fixtures / "needs_a_missing_package.ipynb") == \
+        ["dlo_package_that_is_not_installed", "torch"]
+    hpo = imported_packages(ROOT / "Jour4" / "hpo.ipynb")
+    assert "optuna" in hpo and "IPython" in hpo and "IPython" not in missing_packages(ROOT / "Jour4" / "hpo.ipynb")
+    row = gc.rehearse_notebook(fixtures / "needs_two_gpus.ipynb", tmp_path / "two", dry=True, timeout_s=300)
+    assert row["verdict"].startswith("skipped: needs 2 GPUs, 1 visible (needs_two_gpus.ipynb: code cell 2"), row

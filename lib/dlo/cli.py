@@ -10,8 +10,9 @@
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
     dlo slurm TEMPLATE [options]                                      render an sbatch script
-    dlo gpu-check [--dry-run] [--only NAME ...] [--skip NAME ...]    every full-profile benchmark, judged
-                                              against its target (results/gpu-check-<gpu>-<date>.json)
+    dlo gpu-check [--dry-run] [--quick] [--only NAME ...] [--skip NAME ...]    every full-profile benchmark,
+                                              judged against its target (results/gpu-check-<gpu>-<date>.json);
+                                              --quick: every notebook's dry profile on the GPU too, in minutes
     dlo train | race | mix-bench | hpo worker [options]               one layer's command (its own --help)
 
 ``python -m dlo ...`` is the same command without the console script.
@@ -135,12 +136,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
-    from dlo.course.gpu_check import format_table, run_checks
+    from dlo.course.gpu_check import failed, format_table, run_checks
 
-    payload = run_checks(dry_run=args.dry_run, only=args.only, skip=args.skip, out_path=args.out)
+    payload = run_checks(dry_run=args.dry_run, only=args.only, skip=args.skip, out_path=args.out, quick=args.quick,
+                         notebooks=args.notebooks, jobs=args.jobs, budget_s=args.budget)
     print(format_table(payload["results"]))
     print(f"wrote {payload['path']}" + ("" if args.dry_run else ": commit it under results/"))
-    return 1 if any(r["verdict"].startswith("failed") for r in payload["results"]) else 0
+    return 1 if failed(payload["results"]) else 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,6 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave these benchmarks out")
     g.add_argument("--out", default=None, help="the JSON file (default results/gpu-check-<gpu>-<date>.json; "
                                                "runs/gpu-check/ for a dry run)")
+    g.add_argument("--quick", action="store_true",
+                   help="one short acceptance run: every notebook's dry profile on the GPU (plain engine), then the "
+                        "one-GPU benchmarks with fewer timed steps, within --budget seconds")
+    g.add_argument("--notebooks", nargs="+", default=None, metavar="NB",
+                   help="with --quick: these notebooks only (default: every course notebook)")
+    g.add_argument("--jobs", type=int, default=None,
+                   help="with --quick: notebooks run at a time (default: cores / 4, at most 4)")
+    g.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                   help="with --quick: the whole run's time (default 450 s)")
     g.set_defaults(func=_cmd_gpu_check)
 
     # Commands that belong to one layer each; they parse their own options (`dlo train --help`). They need only

@@ -35,6 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ class Target:
 
 @dataclasses.dataclass(frozen=True)
 class Benchmark:
-    """One benchmark: ``command(gpus, dry, out)`` gives what to run, ``parse(out, outputs)`` its measured value.
+    """One benchmark: ``command(gpus, dry, out, quick)`` gives what to run, ``parse(out, outputs)`` its measured value.
 
     A command is ``("module", [args of python -m dlo])`` or ``("launch", script, [args], nproc)``;
     ``parse`` returns ``(value, details)``, value None with a reason in ``details["why"]`` when there is
@@ -84,6 +85,10 @@ class Benchmark:
     parse: Callable[[Path, Any], tuple[float | None, dict[str, Any]]]
     timeout_s: float = 3600.0
     ok_exit_codes: tuple[int, ...] = (0,)
+    #: why this benchmark cannot give a value here, checked before it starts (None: it can run)
+    unavailable: Callable[[bool], str | None] = lambda dry: None
+    #: the cap on its time in ``--quick`` mode (it also never runs past the quick budget)
+    quick_timeout_s: float = 240.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -107,14 +112,18 @@ def shrink(args: list[str], sizes: Mapping[str, str] = DRY_SIZES) -> list[str]:
     return out
 
 
-def _scaled(script: str, full_args: Callable[[int], list[str]], gpus: int, dry: bool) -> tuple:
+#: What ``--quick`` changes in a full-profile command line on a GPU: fewer timed steps, same sizes.
+QUICK_STEPS = {"--steps": "8", "--warmup-steps": "3", "--warmup": "3"}
+
+
+def _scaled(script: str, full_args: Callable[[int], list[str]], gpus: int, dry: bool, quick: bool = False) -> tuple:
     """The launch of ``script`` with the full profile's arguments for ``gpus`` GPUs, or (dry) for
-    :data:`DRY_GPUS` of them, sizes shrunk."""
+    :data:`DRY_GPUS` of them, sizes shrunk; ``quick``: fewer timed steps (:data:`QUICK_STEPS`)."""
     if dry:
         return ("launch", script, shrink(full_args(DRY_GPUS)), DRY_GPUS)
-    return ("launch", script, full_args(gpus), gpus)
+    return ("launch", script, shrink(full_args(gpus), QUICK_STEPS) if quick else full_args(gpus), gpus)
 
-def _jour1_command(gpus: int, dry: bool, out: Path) -> tuple:
+def _jour1_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
     return ("module", ["run", "Jour1/jour1.ipynb", "--engine", "plain", "--profile", "smoke" if dry else "full",
                        "--out-dir", str(out)])
 
@@ -127,8 +136,9 @@ def _jour1_parse(out: Path, _outputs: Any) -> tuple[float | None, dict[str, Any]
     return results.get("final_speedup"), details
 
 
-def _mix_command(gpus: int, dry: bool, out: Path) -> tuple:
-    size = ["--device", "cpu", "--batch-size", "16", "--repeats", "3"] if dry else ["--device", "cuda"]
+def _mix_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
+    size = (["--device", "cpu", "--batch-size", "16", "--repeats", "3"] if dry
+            else ["--device", "cuda", *(["--repeats", "10"] if quick else [])])
     return ("module", ["mix-bench", *size, "--out", str(out / "mix.json")])
 
 
@@ -145,8 +155,8 @@ def _fsdp_args(gpus: int) -> list[str]:
             "--global-batch", str(2 * gpus), "--steps", "12", "--warmup-steps", "4"]
 
 
-def _fsdp_command(gpus: int, dry: bool, out: Path) -> tuple:
-    return _scaled("tp_fsdp/fsdp_train.py", _fsdp_args, gpus, dry)
+def _fsdp_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
+    return _scaled("tp_fsdp/fsdp_train.py", _fsdp_args, gpus, dry, quick)
 
 
 def _fsdp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -168,8 +178,8 @@ def _pipeline_args(gpus: int) -> list[str]:
             "--warmup-steps", "3"]
 
 
-def _pipeline_command(gpus: int, dry: bool, out: Path) -> tuple:
-    return _scaled("tp_pipeline/pipeline_train.py", _pipeline_args, gpus, dry)
+def _pipeline_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
+    return _scaled("tp_pipeline/pipeline_train.py", _pipeline_args, gpus, dry, quick)
 
 
 def _pipeline_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -188,8 +198,8 @@ def _tp_args(gpus: int) -> list[str]:
             "--global-batch", "8", "--steps", "20", "--warmup", "5", "--dtype", "bfloat16"]
 
 
-def _tp_command(gpus: int, dry: bool, out: Path) -> tuple:
-    return _scaled("tp_tensor_parallel/tp_balises.py", _tp_args, gpus, dry)
+def _tp_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
+    return _scaled("tp_tensor_parallel/tp_balises.py", _tp_args, gpus, dry, quick)
 
 
 def _tp_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -216,9 +226,9 @@ def _grid_args(gpus: int) -> list[str]:
             "--steps", "10", "--warmup-steps", "3", "--compare"]
 
 
-def _grid_command(gpus: int, dry: bool, out: Path) -> tuple:
+def _grid_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
     usable = 4 * (gpus // 4) if gpus >= 4 else gpus  # whole pp x tp blocks
-    return _scaled("tp_pipeline/grid_train.py", _grid_args, usable, dry)
+    return _scaled("tp_pipeline/grid_train.py", _grid_args, usable, dry, quick)
 
 
 def _grid_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
@@ -236,7 +246,18 @@ def _grid_parse(out: Path, records: Any) -> tuple[float | None, dict[str, Any]]:
     return max(diffs), details
 
 
-def _race_command(gpus: int, dry: bool, out: Path) -> tuple:
+def _race_unavailable(dry: bool) -> str | None:
+    """A race time compares with airbench94 only on the real CIFAR-10: without it, say so before training."""
+    if dry:
+        return None
+    from dlo.data.cifar import find_cifar10
+
+    if find_cifar10() is None:
+        return "needs the real CIFAR-10 (set DLO_DATA_DIR to the folder holding cifar-10-batches-py)"
+    return None
+
+
+def _race_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
     if dry:  # the reference recipe's smoke version (no cuDNN, no compile), one epoch of generated data
         args = ["--recipe", "smoke", "--generated", "--set", "epochs=1"]
     else:
@@ -273,7 +294,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               _grid_command, _grid_parse),
     Benchmark("race", "reference recipe to 94 % (real CIFAR-10): time / airbench94's 3.83 s (A100)",
               Target("time ratio", "<=", 3, "x", "REFERENCES.md: airbench94, 3.83 s on one A100"), 1,
-              _race_command, _race_parse, ok_exit_codes=(0, 1)),  # dlo race exits 1 when the target is missed
+              _race_command, _race_parse, ok_exit_codes=(0, 1),  # dlo race exits 1 when the target is missed
+              unavailable=_race_unavailable),
 )
 
 
@@ -281,23 +303,33 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 # Running them
 # --------------------------------------------------------------------------------------------------
 
-def _run_one(bench: Benchmark, gpus: int, dry: bool, out: Path) -> Any:
+def _dlo_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with ``lib/`` first on PYTHONPATH (``python -m dlo`` without an install)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), os.environ.get("PYTHONPATH")]))}
+    env.update(extra or {})
+    return env
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _run_one(bench: Benchmark, gpus: int, dry: bool, out: Path, *, quick: bool = False,
+             timeout_s: float | None = None) -> Any:
     """Run one benchmark's command; returns what its parser reads besides files (the launch's records)."""
-    command = bench.command(gpus, dry, out)
+    command = bench.command(gpus, dry, out, quick)
     env = {"CUDA_VISIBLE_DEVICES": ""} if dry else None  # a dry run stays on the CPU, even on a GPU node
+    timeout_s = timeout_s or bench.timeout_s
     if command[0] == "module":
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"),
-                                                                           os.environ.get("PYTHONPATH")]))}
-        full_env.update(env or {})
-        done = subprocess.run([sys.executable, "-m", "dlo", *command[1]], cwd=ROOT, env=full_env,
-                              timeout=bench.timeout_s, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "dlo", *command[1]], cwd=ROOT, env=_dlo_env(env),
+                              timeout=timeout_s, capture_output=True, text=True)
         if done.returncode not in bench.ok_exit_codes:
-            last = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-            raise RuntimeError(f"exit code {done.returncode}: {last[-1] if last else 'no output'}")
+            raise RuntimeError(f"exit code {done.returncode}: {_last_line(done.stderr or done.stdout)}")
         return None
     _, script, args, nproc = command
     return launch(ROOT / script, args, nproc=nproc, records_dir=out / "records", env=env,
-                  timeout_s=bench.timeout_s, echo=False)
+                  timeout_s=timeout_s, echo=False)
 
 
 def _gpu_name() -> str:
@@ -314,54 +346,180 @@ def verdict(bench: Benchmark, value: float | None, details: Mapping[str, Any], d
     return "met" if bench.target.met(value) else "MISSED"
 
 
+# --------------------------------------------------------------------------------------------------
+# --quick: every notebook's dry profile on the GPU, then the one-GPU benchmarks, in one short run
+# --------------------------------------------------------------------------------------------------
+
+#: The whole of ``--quick``, notebooks and benchmarks (a step never starts past it, nor runs beyond it).
+QUICK_BUDGET_S = 450.0
+#: The cap on one notebook's dry profile in ``--quick`` (on a GPU node most take 10-60 s).
+NOTEBOOK_TIMEOUT_S = 180.0
+_TOO_FEW_GPUS = re.compile(r"failed with TooFewGPUs: .*? launches (\d+) processes but only (\d+) GPU")
+
+
+def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 900.0, dry: bool = False,
+                      env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run one notebook's ``dry`` profile as ``python -m dlo run NB --engine plain --profile dry`` (the plain engine:
+    what a GPU node without Jupyter runs) in its own Python; on the GPU when one is visible, unless ``dry`` (then
+    ``CUDA_VISIBLE_DEVICES`` is emptied). ``env``: the environment to start from (default this process's).
+
+    Returns a row: ``notebook`` (path from the repository root), ``seconds``, ``verdict`` ("ok", "failed: <the
+    error's one line>", or "skipped: <why>" for a notebook whose launches need more GPUs than visible or that imports
+    a package this Python lacks, e.g. Optuna on a bare node), ``output_tail`` (its last lines, on failure) and
+    ``returncode``."""
+    from dlo.course.notebooks import missing_packages
+
+    path = Path(path).resolve()
+    name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    row: dict[str, Any] = {"notebook": name, "seconds": 0.0}
+    missing = missing_packages(path)
+    if missing:
+        return {**row, "verdict": f"skipped: needs {', '.join(missing)} (not installed here)"}
+    extra = {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "DLO_RUNS_DIR": str(out.parent),
+             **({"CUDA_VISIBLE_DEVICES": ""} if dry else {})}
+    full_env = dict(os.environ if env is None else env)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [full_env.get("PYTHONPATH"), str(ROOT / "lib")]))
+    full_env.update(extra)
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
+                               "--out-dir", str(out)], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        text = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return {**row, "seconds": round(time.monotonic() - start, 1), "returncode": None,
+                "verdict": f"failed: still running after {timeout_s:.0f} s (last line: {_last_line(text)})",
+                "output_tail": text.strip().splitlines()[-15:]}
+    row.update(seconds=round(time.monotonic() - start, 1), returncode=done.returncode)
+    text = (done.stdout or "") + (done.stderr or "")
+    if done.returncode == 0:
+        return {**row, "verdict": "ok"}
+    error = _last_line(done.stderr or done.stdout).removeprefix("error: ")
+    gpus = _TOO_FEW_GPUS.search(error)
+    if gpus:
+        return {**row, "verdict": f"skipped: needs {gpus.group(1)} GPUs, {gpus.group(2)} visible ({error})"}
+    return {**row, "verdict": f"failed: {error}", "output_tail": text.strip().splitlines()[-15:]}
+
+
+def _rehearse_all(notebooks: list[Path], *, dry: bool, jobs: int, deadline: float, work: Path,
+                  log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """:func:`rehearse_notebook` for each notebook, ``jobs`` at a time (their timing is not judged: they may share
+    the GPU), none started past ``deadline`` (time.monotonic()) nor allowed to run beyond it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def one(path: Path) -> dict[str, Any]:
+        left = deadline - time.monotonic()
+        name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        if left < 5:
+            return {"notebook": name, "seconds": 0.0, "verdict": "not run: the quick budget was spent"}
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
+        row = rehearse_notebook(path, work / path.stem, timeout_s=min(NOTEBOOK_TIMEOUT_S, left), dry=dry, env=env)
+        log(f"[gpu-check] {name}: {row['verdict']} ({row['seconds']:.0f} s)")
+        return row
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, notebooks))
+
+
 def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: list[str] | None = None,
-               out_path: str | os.PathLike | None = None, gpus: int | None = None,
+               out_path: str | os.PathLike | None = None, gpus: int | None = None, quick: bool = False,
+               notebooks: list[str] | None = None, jobs: int | None = None, budget_s: float | None = None,
                log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the selected benchmarks; write and return ``{"environment", "dry_run", "results": [...]}``."""
+    """Run the selected benchmarks; write and return ``{"environment", "dry_run", "quick", "results": [...]}``.
+
+    ``quick``: first every course notebook's ``dry`` profile (or those in ``notebooks``) on the GPU through the
+    plain engine, ``jobs`` at a time, then the one-GPU benchmarks with fewer timed steps, alone; all of it within
+    ``budget_s`` seconds (default :data:`QUICK_BUDGET_S`; a step is capped at what is left; what cannot start is reported "not run"). Multi-GPU
+    benchmarks are skipped there with what they need. The JSON then has one row per notebook too."""
+    from dlo.course.notebooks import source_notebooks
+
     names = [b.name for b in BENCHMARKS]
     for name in [*(only or []), *(skip or [])]:
         if name not in names:
             raise ValueError(f"unknown benchmark {name!r}: choose among {', '.join(names)}")
+    if notebooks is not None and not quick:
+        raise ValueError("--notebooks goes with --quick: it picks the notebooks whose dry profile --quick runs")
+    chosen: list[Path] = []
+    if quick:
+        chosen = [Path(nb).resolve() for nb in notebooks] if notebooks is not None else source_notebooks()
+        absent = [str(nb) for nb in chosen if not nb.is_file() or nb.suffix != ".ipynb"]
+        if absent:
+            raise ValueError(f"no notebook at {', '.join(absent)}: give paths of .ipynb files, e.g. Jour1/jour1.ipynb")
     if gpus is None:
         gpus = torch.cuda.device_count()
     if not dry_run and gpus == 0:
         raise ValueError("no GPU is visible: run this on a GPU node, or use --dry-run to check the commands on CPU")
+    if (jobs is not None or budget_s is not None) and not quick:
+        raise ValueError("--jobs and --budget go with --quick")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"--budget must be a positive number of seconds, got {budget_s}")
+    budget_s = QUICK_BUDGET_S if budget_s is None else budget_s
     gpu_name = "cpu" if dry_run else _gpu_name()
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-").lower()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-").lower() + ("-quick" if quick else "")
     path = Path(out_path) if out_path else (run_dir("gpu-check") if dry_run else ROOT / "results") / \
         f"gpu-check-{slug}-{stamp}.json"
-    results = []
+    deadline = time.monotonic() + budget_s if quick else float("inf")
+    results: list[dict[str, Any]] = []
+    if quick and chosen:
+        jobs = jobs or max(1, min(4, (os.cpu_count() or 1) // 4))
+        log(f"[gpu-check] {len(chosen)} notebooks' dry profile, {jobs} at a time, "
+            f"{'on the CPU' if dry_run else 'on the GPU'} (plain engine) ...")
+        with tempfile.TemporaryDirectory(prefix="gpu-check-notebooks-") as tmp:
+            results += _rehearse_all(chosen, dry=dry_run, jobs=jobs, deadline=deadline, work=Path(tmp), log=log)
     for bench in BENCHMARKS:
         if (only and bench.name not in only) or (skip and bench.name in skip):
             continue
         row: dict[str, Any] = {"benchmark": bench.name, "what": bench.what, "target": bench.target.text(),
-                               "target_source": bench.target.source}
+                               "target_source": bench.target.source, "seconds": 0.0}
+        left = deadline - time.monotonic()
+        why_not = bench.unavailable(dry_run)
         if not dry_run and gpus < bench.min_gpus:
             row.update(value=None, verdict=f"skipped: needs {bench.min_gpus} GPUs, {gpus} visible")
+        elif why_not:
+            row.update(value=None, verdict=f"skipped: {why_not}")
+        elif left < 5:
+            row.update(value=None, verdict="not run: the quick budget was spent")
         else:
             log(f"[gpu-check] {bench.name}: {bench.what} ...")
+            timeout_s = min(bench.quick_timeout_s, left) if quick else bench.timeout_s
+            start = time.monotonic()
             with tempfile.TemporaryDirectory(prefix=f"gpu-check-{bench.name}-") as tmp:
                 try:
-                    value, details = bench.parse(Path(tmp), _run_one(bench, gpus, dry_run, Path(tmp)))
+                    value, details = bench.parse(Path(tmp), _run_one(bench, gpus, dry_run, Path(tmp), quick=quick,
+                                                                     timeout_s=timeout_s))
                     row.update(value=value, details=details, verdict=verdict(bench, value, details, dry_run))
-                except (LaunchError, RuntimeError, OSError, ValueError, KeyError,
-                        subprocess.TimeoutExpired) as exc:
+                except subprocess.TimeoutExpired:
+                    row.update(value=None, verdict=f"failed: still running after {timeout_s:.0f} s")
+                except (LaunchError, RuntimeError, OSError, ValueError, KeyError) as exc:
                     row.update(value=None, verdict=f"failed: {first_line(exc)}")
+            row["seconds"] = round(time.monotonic() - start, 1)
         results.append(row)
         log(f"[gpu-check] {bench.name}: {row['verdict']}")
     device = "cuda" if torch.cuda.is_available() and not dry_run else "cpu"
-    payload = {"environment": environment_info(device), "dry_run": dry_run, "gpus": gpus,
+    payload = {"environment": environment_info(device), "dry_run": dry_run, "quick": quick, "gpus": gpus,
                "results": results}
     atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
     payload["path"] = str(path)
     return payload
 
 
+def failed(results: list[Mapping[str, Any]]) -> list[str]:
+    """The names of the rows that failed (a crash, a timeout): what makes ``dlo gpu-check`` exit 1."""
+    return [r.get("benchmark") or r.get("notebook") for r in results if str(r["verdict"]).startswith("failed")]
+
+
 def format_table(results: list[Mapping[str, Any]]) -> str:
-    """One line per benchmark: name, measured value, target, verdict."""
-    lines = [f"{'benchmark':<15} {'measured':>10} {'target':>10}  verdict"]
+    """One line per notebook or benchmark: name, seconds, measured value, target, verdict."""
+    width = max([15, *(len(str(r.get("benchmark") or r.get("notebook"))) for r in results)])
+    lines = [f"{'notebook or benchmark':<{width}} {'seconds':>7} {'measured':>10} {'target':>10}  verdict"]
     for r in results:
         value = "-" if r.get("value") is None else f"{r['value']:.3g}"
-        lines.append(f"{r['benchmark']:<15} {value:>10} {r['target']:>10}  {r['verdict']}")
+        name = r.get("benchmark") or r.get("notebook")
+        lines.append(f"{name:<{width}} {r.get('seconds', 0.0):>7.0f} {value:>10} {r.get('target', '-'):>10}  "
+                     f"{r['verdict']}")
     return "\n".join(lines)

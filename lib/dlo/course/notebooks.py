@@ -251,3 +251,53 @@ def parse_value(text: str) -> Any:
         if low in ("true", "false", "null", "none"):
             return {"true": True, "false": False}.get(low)
         return text
+
+
+#: The Jupyter stack: a notebook's plain run (``dlo run --engine plain``) needs none of it, a GPU node may lack it.
+JUPYTER_STACK = frozenset({"IPython", "ipykernel", "ipywidgets", "nbformat", "nbclient", "papermill", "jupyter",
+                           "jupyter_client"})
+
+
+def imported_packages(nb_path: str | Path) -> list[str]:
+    """The top-level packages a notebook's code cells import unconditionally (``import optuna``, ``from ray import
+    tune``): statements at a cell's top level or under ``if``/``with``, not those under ``try`` (an optional import
+    handled by the cell) nor inside functions. Sorted, without duplicates."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.partition(".")[0])
+            elif isinstance(node, (ast.If, ast.With, ast.For)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+
+    for cell in json.loads(Path(nb_path).read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            try:
+                visit(ast.parse(_source(cell)).body)
+            except SyntaxError:  # a cell with IPython magics: not a plain-Python cell
+                continue
+    found.discard("__future__")
+    return sorted(found)
+
+
+def missing_packages(nb_path: str | Path, *, ignore: frozenset[str] = JUPYTER_STACK) -> list[str]:
+    """The packages :func:`imported_packages` names that this Python cannot import (``ignore``: those the plain
+    engine stands in for, i.e. ``IPython.display``). A GPU node may have torch, transformers, pandas, matplotlib
+    and tqdm only: ``dlo gpu-check --quick`` skips, with this list as the reason, a notebook that needs Optuna or
+    Ray there, instead of reporting it as failed."""
+    import importlib.util
+
+    missing = []
+    for name in imported_packages(nb_path):
+        if name in ignore:
+            continue
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):
+            missing.append(name)
+    return missing

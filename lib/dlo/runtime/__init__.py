@@ -21,7 +21,7 @@ _EXPORTS = {
     **dict.fromkeys(("RECORDS_ENV", "write_record", "read_records"), "records"),
     **dict.fromkeys(("LaunchError", "build_launch_command", "check_processes", "expand_runs", "launch"), "launch"),
     **dict.fromkeys(("AXES", "Grid"), "grid"),
-    "first_line": "errors",
+    **dict.fromkeys(("first_line", "TooFewGPUs"), "errors"),
     **dict.fromkeys(("is_int", "is_number", "positive_int", "check_choice", "non_negative_int",
                      "check_batch_divisible", "per_rank_batch"), "validate"),
 }
@@ -56,6 +56,7 @@ __all__ = [
     "expand_runs",
     "launch",
     "first_line",
+    "TooFewGPUs",
     "is_int",
     "is_number",
     "positive_int",

@@ -15,3 +15,15 @@ def first_line(exc: BaseException, width: int | None = None) -> str:
     if width is not None and len(text) > width:
         text = text[: width - 3] + "..."
     return text
+
+
+class TooFewGPUs(ValueError):
+    """A run needs more GPUs than this node shows: ``needed`` processes of one GPU each, ``visible`` GPUs.
+
+    Raised before anything starts (:func:`dlo.runtime.launch.check_processes`). A ValueError, so that code that
+    refuses bad input catches it as such; its own name lets ``dlo gpu-check --quick`` report a notebook that needs
+    a larger node as skipped ("needs 2 GPUs") rather than failed."""
+
+    def __init__(self, message: str, *, needed: int, visible: int) -> None:
+        super().__init__(message)
+        self.needed, self.visible = needed, visible

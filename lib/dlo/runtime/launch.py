@@ -47,6 +47,7 @@ from typing import Any
 
 from dlo.runtime.records import RECORDS_ENV, _FAILURES_SUBDIR, _RECORD_FILE, read_records
 from dlo.runtime.context import free_port
+from dlo.runtime.errors import TooFewGPUs
 from dlo.runtime.paths import run_dir
 
 
@@ -133,8 +134,9 @@ def check_processes(nprocs: Any, device: Any, *, least: int = 1, what: str = "th
 
             gpus = torch.cuda.device_count()
         if max(counts) > gpus:
-            raise ValueError(f"{what} launches {max(counts)} processes but only {gpus} GPU(s) are visible: NCCL needs "
-                             f"one GPU per process; use a node with {max(counts)} GPUs, or fewer processes")
+            raise TooFewGPUs(f"{what} launches {max(counts)} processes but only {gpus} GPU(s) are visible: NCCL "
+                             f"needs one GPU per process; use a node with {max(counts)} GPUs, or fewer processes",
+                             needed=max(counts), visible=gpus)
     return counts
 
 
