@@ -111,7 +111,8 @@ def test_try_step_times_the_candidate_interleaved_with_the_best():
     s = lad.summary()
     assert s["final_speedup"] == pytest.approx(1.5)
     assert s["final_sentence"].startswith("the final configuration (channels_last) is 1.5x faster than the "
-                                          "baseline (baseline) on this machine")
+                                          "fp32 baseline on this device (baseline) on this machine")
+    assert s["baseline_step"] == "baseline" and "start_step" not in s  # one device: no other comparison
 
 
 def test_no_headline_speedup_from_an_unsteady_baseline():
@@ -121,7 +122,9 @@ def test_no_headline_speedup_from_an_unsteady_baseline():
     row = lad.record("5 + torch.compile", times("5 + torch.compile", [0.0742, 0.0741, 0.0743], items=8))
     assert not row["kept"] and row["decision"] == "not steady: not kept"
     s = lad.summary()
-    assert s["baseline_steady"] is False and s["final_speedup"] == 1.0 and s["final_step"] == "0 baseline: CPU fp32"
+    # no ratio can be given: None, not 1.0, and the sentence says why
+    assert s["baseline_steady"] is False and s["final_speedup"] is None and s["final_step"] == "0 baseline: CPU fp32"
+    assert s["final_sentence"].startswith("No ratio reported: the repeats of 0 baseline: CPU fp32 spread over")
     df = lad.table()
     assert df["speedup"].isna().all()
     assert list(df["speedup_text"]) == ["no ratio: baseline not steady"] * 2
@@ -134,7 +137,8 @@ def test_summary_refuses_a_ratio_when_the_baseline_became_unsteady_later():
     lad.final = {"final": times("fast", [0.25] * 5), "baseline": times("baseline", [3.08, 3.70, 2.59, 0.33, 0.26])}
     s = lad.summary()
     assert s["final_speedup"] is None
-    assert s["final_sentence"].startswith("No ratio reported for the final configuration (fast) against the baseline")
+    assert s["final_sentence"].startswith("No ratio reported for the final configuration (fast) against the fp32 "
+                                          "baseline on this device (baseline)")
 
 
 def test_table_and_plot_show_the_noise_band_and_the_decision():
@@ -159,3 +163,228 @@ def test_table_and_plot_show_the_noise_band_and_the_decision():
     segments = bars[0].lines[2][0].get_segments()  # one horizontal error bar per step: low..high
     assert [tuple(round(x, 6) for x in (s[0][0], s[1][0])) for s in segments][0] == (
         round(10 / 1.01, 6), round(10 / 0.99, 6))
+
+
+# --------------------------------------------------------------------------------------------------
+# Re-trying the dropped steps at the batch the sweep chose, and the headline against the fp32 baseline of
+# the same device. A fake device: each call returns its own duration (the fake timer `run` reads it), a
+# deterministic function of the configuration and the batch, so no wall time is involved.
+# --------------------------------------------------------------------------------------------------
+
+import itertools  # noqa: E402
+
+import torch  # noqa: E402
+
+from dlo.measure import verdicts  # noqa: E402
+from dlo.measure.bench import Warmup  # noqa: E402
+
+SMALL, LARGE = 256, 8192
+TIGHT = (0.99, 1.0, 1.01, 1.0)  # the repeats of one configuration: a noise band of about 1 %
+OPTS = dict(repeats=5, warmup=2, timer=run, track_memory=False, progress=False)
+
+
+def fake_device(speed, jitter=TIGHT, calls=None):
+    """``make_call(config, batch)`` for a device whose throughput is ``speed(config, batch)`` img/s; each call
+    returns its duration (batch / throughput, times a repeating jitter). ``calls`` logs (config, batch)."""
+    def make_call(config, batch):
+        config = dict(config)
+        if calls is not None:
+            calls.append((config, batch))
+        factors = itertools.cycle(jitter)
+
+        def call():
+            return batch / speed(config, batch) * next(factors)
+        return call
+    return make_call
+
+
+def h100(config, batch):
+    """The first H100 run: at batch 256 the step is launch-bound, bf16 gives 1.0x; at 8192 it gives 1.8x.
+    channels_last pays only at the small batch; torch.compile pays at neither."""
+    if config["device"] == "cpu":
+        return 128.0
+    speed = 15_000.0 if batch <= SMALL else 36_000.0
+    if config.get("channels_last") and batch <= SMALL:
+        speed *= 1.3
+    if config.get("dtype") == "bf16":
+        speed *= 1.0 if batch <= SMALL else 1.8
+    return speed
+
+
+def climb(speed, *, jitter=TIGHT, gpu=True, sweep_batch=LARGE, calls=None, **opts):
+    """The notebook's ladder on the fake device, up to the batch step (each step built by make_call)."""
+    opts = {**OPTS, **opts}
+    make_call = fake_device(speed, jitter, calls)
+    lad = Ladder(device="cpu", dtype=None, channels_last=False, batch_size=SMALL)
+    dev = "cuda" if gpu else "cpu"
+
+    def step(name, *, batch=SMALL, **change):
+        cfg = {**lad.current, **change}
+        return lad.try_step(name, make_call(cfg, batch), items_per_call=batch, device=dev, config=change, **opts)
+
+    lad.try_step("0 CPU fp32", make_call(lad.current, SMALL), items_per_call=SMALL, config={"device": "cpu"}, **opts)
+    if gpu:
+        step("1 GPU fp32", device="cuda")
+    else:
+        lad.record("1 GPU fp32", reason="no GPU")
+    step("2 + bf16", dtype="bf16")
+    step("3 + channels_last", channels_last=True)
+    step("5 + compile", compile=True)
+    step(f"6 batch {sweep_batch}", batch=sweep_batch, batch_size=sweep_batch, compile=False)
+    return lad, make_call, dev
+
+
+def test_a_step_dropped_at_a_small_batch_is_kept_at_the_large_one():
+    """The H100 run: bf16 1.0x at batch 256 (dropped), 1.8x at 8192. Re-tried at 8192 it is kept, and the final
+    configuration is bf16 at 8192, compared with the GPU fp32 baseline at 256, not with the CPU."""
+    lad, make_call, dev = climb(h100)
+    assert [r["decision"] for r in lad.rows] == ["baseline", "kept", "not faster beyond noise", "kept",
+                                                 "not faster beyond noise", "kept"]
+    assert [r["step"] for r in lad.dropped()] == ["2 + bf16", "5 + compile"]  # channels_last is kept: not re-tried
+    rows = lad.retry(make_call, device=dev, **OPTS)
+    assert [r["step"] for r in rows] == ["retry: 2 + bf16 at batch 8192", "retry: 5 + compile at batch 8192"]
+    bf16, comp = rows
+    assert bf16["kept"] and bf16["vs_best"] == pytest.approx(1.8) and bf16["batch_size"] == LARGE
+    assert bf16["reference"]["name"] == "6 batch 8192"  # timed together with the best configuration at 8192
+    assert bf16["retry_why"] == "re-tried at batch 8192: not faster beyond the noise at batch 256"
+    assert bf16["conclusion"] == (
+        "2 + bf16 was not faster beyond the noise at batch 256 (15,000 vs 15,000 img/s, medians), but 1.8x faster "
+        "at batch 8192 (64,800 vs 36,000 img/s, medians; the noise bands do not overlap).")
+    # compile pays at neither batch: dropped again; it was tried on top of bf16 at 8192, the best so far
+    assert not comp["kept"] and comp["decision"] == "not faster beyond noise" and comp["dtype"] == "bf16"
+    assert comp["reference"]["name"] == "retry: 2 + bf16 at batch 8192"
+    assert comp["conclusion"].startswith("5 + compile was not faster beyond the noise at batch 256")
+    assert ", and still not faster beyond the noise" in comp["conclusion"]
+    assert lad.current == {"device": "cuda", "dtype": "bf16", "channels_last": True, "batch_size": LARGE,
+                           "compile": False}
+    assert lad.retry(make_call, device=dev, **OPTS) == []  # each step is re-tried once at a batch
+    final = lad.final_comparison(**OPTS)
+    assert set(final) == {"final", "baseline", "start"}
+    s = lad.summary()
+    assert s["final_step"] == "retry: 2 + bf16 at batch 8192" and s["final_batch_size"] == LARGE
+    assert s["baseline_step"] == "1 GPU fp32"
+    assert s["final_speedup"] == pytest.approx(64_800 / 15_000)  # against the GPU in fp32, at batch 256
+    assert s["final_sentence"].startswith(
+        "the final configuration (retry: 2 + bf16 at batch 8192, batch 8192) is 4.3x faster than the fp32 baseline "
+        "on this device (1 GPU fp32, batch 256) on this machine")
+    assert s["start_step"] == "0 CPU fp32" and s["final_vs_start"] == pytest.approx(64_800 / 128)  # context only
+    assert s["retried"] == {"2 + bf16": "kept", "5 + compile": "not faster beyond noise"}
+    df = lad.table()
+    assert df.loc[df.step == "1 GPU fp32", "speedup_text"].item() == "1.0x"
+    assert df.loc[df.step == bf16["step"], "speedup_text"].item() == "4.3x"
+    assert df.loc[df.step == bf16["step"], "why"].item() == bf16["retry_why"]
+    fig = plots.ladder(df[df.applicable], label="step")
+    assert sum(bool(p.get_hatch()) for p in fig.axes[0].patches) == 2  # the retries stand out in the plot
+
+
+def test_retry_sentences_are_checked_again_from_their_numbers(tmp_path):
+    lad, make_call, dev = climb(h100)
+    results = {}
+    for row in lad.retry(make_call, device=dev, **OPTS):
+        first = next(r for r in lad.rows if r["step"] == row["retry_of"])
+        said = verdicts.conclude(results, row, row["reference"], kind="retry", first=first,
+                                 first_reference=first["reference"], label=row["retry_of"],
+                                 first_batch=row["first_batch"], batch=row["batch_size"])
+        assert said == row["conclusion"]
+    loaded = bench.load_json(bench.save_json(results, tmp_path / "results.json"))
+    assert verdicts.check_conclusions(loaded) == []
+    loaded["conclusions"][0]["sentence"] = "2 + bf16 does not help on this GPU."
+    assert len(verdicts.check_conclusions(loaded)) == 1
+
+
+def test_on_a_cpu_without_native_bf16_bf16_stays_slower_at_every_batch():
+    """A laptop CPU: emulated bf16 is 0.3x at any batch. The headline compares with the CPU baseline."""
+    def laptop(config, batch):
+        speed = 40.0 if batch <= SMALL else 52.0
+        return speed * (0.3 if config.get("dtype") == "bf16" else 1.0)
+
+    lad, make_call, dev = climb(laptop, gpu=False)
+    rows = lad.retry(make_call, device=dev, **OPTS)
+    bf16 = rows[0]
+    assert bf16["decision"] == "slower" and not bf16["kept"]
+    assert bf16["conclusion"] == (
+        "2 + bf16 was slower at batch 256 (0.30x the throughput: 12 vs 40 img/s, medians; the noise bands do not "
+        "overlap), and still slower at batch 8192 (0.30x the throughput: 15.6 vs 52 img/s, medians; the noise bands "
+        "do not overlap).")
+    lad.final_comparison(**OPTS)
+    s = lad.summary()
+    assert s["baseline_step"] == "0 CPU fp32" and s["final_step"] == "6 batch 8192"
+    assert s["final_speedup"] == pytest.approx(1.3) and "start_step" not in s
+    assert s["final_config"]["dtype"] is None
+
+
+def test_a_gain_within_the_noise_is_not_kept_on_retry():
+    """bf16 3 % faster at the large batch, but with repeats that spread over 10 %: the bands overlap."""
+    def small_gain(config, batch):
+        return h100(config, batch) / (1.8 if config.get("dtype") == "bf16" and batch > SMALL else 1.0) * (
+            1.03 if config.get("dtype") == "bf16" and batch > SMALL else 1.0)
+
+    lad, make_call, dev = climb(small_gain, jitter=(0.95, 1.0, 1.05, 1.0))
+    bf16 = lad.retry(make_call, device=dev, **OPTS)[0]
+    assert bf16["vs_best"] == pytest.approx(1.03) and bf16["decision"] == "not faster beyond noise"
+    assert not bf16["kept"] and lad.current["dtype"] is None
+    lad.final_comparison(**OPTS)
+    s = lad.summary()
+    assert s["final_step"] == "6 batch 8192" and s["final_speedup"] == pytest.approx(36_000 / 15_000)
+
+
+def test_a_step_kept_at_the_ladder_batch_is_not_re_tried_and_one_kept_then_undone_is():
+    calls = []
+    lad, make_call, dev = climb(h100, calls=calls)
+    calls.clear()
+    lad.retry(make_call, device=dev, **OPTS)
+    retried = [cfg for cfg, batch in calls]
+    assert all(batch == LARGE for _, batch in calls)
+    assert not any(cfg["channels_last"] is False for cfg in retried)  # channels_last stays in every retry
+    # compile kept at the ladder's batch, then left out by the batch step (the sweep runs eager): re-tried
+    def compile_pays(config, batch):
+        return h100(config, batch) * (1.5 if config.get("compile") and batch <= SMALL else 1.0)
+
+    lad, make_call, dev = climb(compile_pays)
+    assert lad.rows[4]["kept"] and lad.current["compile"] is False
+    rows = lad.retry(make_call, device=dev, **OPTS)
+    assert [r["retry_of"] for r in rows] == ["2 + bf16", "5 + compile"]
+    assert rows[1]["retry_why"] == "re-tried at batch 8192: kept, then left out by a later step at batch 256"
+
+
+def test_retry_skips_with_a_reason_and_records_an_out_of_memory_failure():
+    lad, make_call, dev = climb(h100)
+
+    def make_or_fail(config, batch):
+        call = make_call(config, batch)
+        if config.get("dtype") == "bf16" and not config.get("compile"):
+            def oom():
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return oom
+        return call
+
+    rows = lad.retry(make_or_fail, device=dev, skip={"5 + compile": "recompiling takes minutes here"}, **OPTS)
+    assert [r["decision"] for r in rows] == ["failed", "not re-tried"]
+    assert rows[0]["reason"].startswith("re-tried at batch 8192: not faster beyond the noise at batch 256; it failed: "
+                                        "OutOfMemoryError: CUDA out of memory")
+    assert rows[1]["reason"] == "not re-tried at batch 8192: recompiling takes minutes here"
+    assert lad.best()["step"] == "6 batch 8192"
+    assert list(lad.table()["why"])[-1] == rows[1]["reason"]
+
+
+def test_retry_needs_a_batch():
+    lad = Ladder(dtype=None)
+    lad.record("baseline", times("baseline", [1.0] * 3))
+    with pytest.raises(ValueError, match="needs the batch"):
+        lad.retry(lambda config, batch: (lambda: 1.0))
+
+
+def test_no_headline_ratio_when_the_final_comparison_is_not_steady():
+    """The GPU baseline's warm-up never settles during the final comparison: final_speedup is None, and the
+    sentence says why."""
+    lad, make_call, dev = climb(h100)
+    lad.retry(make_call, device=dev, **OPTS)
+    base = lad._calls["1 GPU fp32"].call
+    wild = itertools.cycle([1.0, 3.0, 0.5, 2.0])
+    lad._calls["1 GPU fp32"].call = lambda: base() * next(wild)  # the machine got busy
+    lad.final_comparison(**{**OPTS, "warmup": Warmup(max_calls=6)})
+    s = lad.summary()
+    assert s["final_speedup"] is None
+    assert s["final_sentence"].startswith("No ratio reported for the final configuration (retry: 2 + bf16 at batch "
+                                          "8192, batch 8192) against the fp32 baseline on this device (1 GPU fp32, "
+                                          "batch 256): the warm-up of 1 GPU fp32 did not reach steady timings")

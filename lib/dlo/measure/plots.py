@@ -18,14 +18,17 @@ def _save(fig, path: str | Path | None):
 
 def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "img/s", baseline: str | None = None,
            low: str | None = "throughput_low", high: str | None = "throughput_high", decision: str | None = "decision",
-           ratio: str | None = "speedup_text", title: str = "Optimisation ladder", path: str | Path | None = None):
+           ratio: str | None = "speedup_text", retry: str | None = "retry_of", title: str = "Optimisation ladder",
+           path: str | Path | None = None):
     """Horizontal bars, one per step, with the noise band as an error bar (columns ``low``..``high``: the
     throughput at the slow and fast quartiles of the repeats), labelled with the throughput, the speed-up
     over the baseline and the ladder's decision ("kept", "not faster beyond noise", ...).
 
     The speed-up is the text of column ``ratio`` when the table has one (a :class:`dlo.measure.verdicts.Ladder`
     table: it says so when the baseline is not steady), else computed over the first row (or the row
-    named ``baseline``) and written with 2 significant digits. Columns named but absent are skipped."""
+    named ``baseline``) and written with 2 significant digits. Rows with a value in column ``retry`` (steps
+    re-tried at the batch the sweep chose, :meth:`dlo.measure.verdicts.Ladder.retry`) are hatched. Columns named
+    but absent are skipped."""
     names = list(df[label])
     values = [float(v) for v in df[value]]
     base = values[names.index(baseline)] if baseline else values[0]
@@ -34,6 +37,18 @@ def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "i
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.2))
     bars = ax.barh(range(len(names)), values, color=plt.cm.viridis([0.25 + 0.6 * i / max(1, len(names) - 1)
                                                                    for i in range(len(names))]))
+    retried = ([isinstance(v, str) and bool(v) for v in df[retry]] if retry and retry in df
+               else [False] * len(names))
+    for bar, again in zip(bars, retried):
+        if again:
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
+    if any(retried):
+        from matplotlib.patches import Patch
+
+        ax.add_artist(ax.legend(handles=[Patch(facecolor="lightgrey", hatch="//", edgecolor="white",
+                                               label="re-tried at the batch the sweep chose")],
+                                loc="upper right", fontsize=8))
     right = list(values)
     if low and high and low in df and high in df:
         lows, highs = [float(v) for v in df[low]], [float(v) for v in df[high]]

@@ -7,11 +7,12 @@ results.json, and decides:
 
 - :func:`faster_beyond_noise`: the rule every decision uses (median better *and* noise bands disjoint);
 - :func:`unsteady_reason`: why no ratio may be given (warm-up not steady, or repeats spread too wide);
-- :func:`compare_sentence` / :func:`break_even_sentence`: a sentence written from the numbers, hedged when
-  the difference is within the noise; :func:`conclude` records it with the numbers behind it, and
+- :func:`compare_sentence` / :func:`break_even_sentence` / :func:`retry_sentence`: a sentence written from the
+  numbers, hedged when the difference is within the noise; :func:`conclude` records it with the numbers behind it, and
   :func:`check_conclusions` writes every recorded sentence again from its numbers (a test runs it on each
   notebook's results.json, so prose cannot drift from the measurement);
-- :class:`Ladder`: a sequence of optimisation steps, each kept or not by that rule.
+- :class:`Ladder`: a sequence of optimisation steps, each kept or not by that rule, the steps left out tried
+  again at the batch the sweep chose, and the headline against the fp32 baseline of the same device.
 """
 from __future__ import annotations
 
@@ -126,8 +127,38 @@ def break_even_sentence(compiled: Measurement | Mapping[str, Any], eager: Measur
             f"{compile_seconds:.1f} s compilation does not pay off here.")
 
 
+def _outcome(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any]) -> tuple[str, str, str]:
+    """How ``a`` did against ``b``: ``(kind, verdict, numbers)``, kind one of "faster", "slower", "same",
+    "unsteady"; the verdict follows "was" or "is" in a sentence, the numbers go in brackets after it."""
+    sa, sb = _stats(a), _stats(b)
+    reason = unsteady_reason(b) or unsteady_reason(a)
+    if reason:
+        return "unsteady", "not measured steadily", f"{reason}, so no ratio is given"
+    numbers = f"{format_number(sa['throughput'])} vs {format_number(sb['throughput'])} {sa['unit']}, medians"
+    ratio = format_ratio(sa["throughput"] / sb["throughput"])
+    if faster_beyond_noise(a, b):
+        return "faster", f"{ratio} faster", f"{numbers}; the noise bands do not overlap"
+    if faster_beyond_noise(b, a):
+        return "slower", "slower", f"{ratio} the throughput: {numbers}; the noise bands do not overlap"
+    return "same", "not faster beyond the noise", numbers
+
+
+def retry_sentence(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any], *,
+                   first: Mapping[str, Any], first_reference: Mapping[str, Any], label: str,
+                   first_batch: int | None, batch: int) -> str:
+    """A step tried at ``first_batch`` (``first`` against ``first_reference``, timed together) and tried again
+    at ``batch`` (``a`` against ``b``): one sentence with both outcomes, written from the numbers, e.g. "bf16
+    autocast was not faster beyond the noise at batch 256 (16,477 vs 15,715 img/s, medians), but 1.8x faster at
+    batch 8192 (66,146 vs 36,013 img/s, medians; the noise bands do not overlap)." """
+    k1, v1, n1 = _outcome(first, first_reference)
+    k2, v2, n2 = _outcome(a, b)
+    link = "but" if k2 == "faster" and k1 != "faster" else "and still" if k1 == k2 else "and"
+    return f"{label} was {v1} at batch {first_batch} ({n1}), {link} {v2} at batch {batch} ({n2})."
+
+
 #: The helpers that write conclusions, by the ``kind`` :func:`conclude` records.
-CONCLUSION_HELPERS: dict[str, Callable[..., str]] = {"compare": compare_sentence, "break_even": break_even_sentence}
+CONCLUSION_HELPERS: dict[str, Callable[..., str]] = {"compare": compare_sentence, "break_even": break_even_sentence,
+                                                     "retry": retry_sentence}
 
 
 def _plain(x: Measurement | Mapping[str, Any]) -> dict[str, Any]:
@@ -166,6 +197,12 @@ def check_conclusions(results: Mapping[str, Any]) -> list[str]:
 # The optimisation ladder
 # --------------------------------------------------------------------------------------------------
 
+#: How a step's first decision reads in the "why" of its retry ("re-tried at batch 8192: not faster beyond the
+#: noise at batch 256").
+_FIRST_DECISION = {"not faster beyond noise": "not faster beyond the noise", "slower": "slower",
+                   "not steady: not kept": "not steady", "kept": "kept, then left out by a later step"}
+
+
 class Ladder:
     """An optimisation ladder: each step is measured against the fastest configuration so far and *kept*
     only if it beats it on this machine (a change that helps on a GPU can hurt on a CPU).
@@ -176,12 +213,26 @@ class Ladder:
     :meth:`try_step` both are timed interleaved (A B A B ...) in the same run; the table's ``decision``
     column says "kept", "not faster beyond noise", "slower", "not steady: not kept" or "not applicable".
 
-    ``current`` is the configuration the next step builds on. :meth:`try_step` measures a step (given as a
-    call) against the best so far and records it; :meth:`record` adds a row from a Measurement already
-    taken (compared with the best row as it was measured then), or ``None`` with a reason when the step
-    does not apply here. :meth:`final_comparison` times the baseline and the final configuration again,
-    interleaved, for the headline; :meth:`summary` refuses a speed-up whose measurements are not steady.
+    **Re-trying at the chosen batch.** Whether a step pays depends on the batch: on a large GPU a small batch
+    leaves the step launch-bound (the GPU waits for the CPU to issue kernels), and then neither bf16 nor
+    compilation can speed it up; at a batch that fills the GPU they can. Once the ladder has kept a larger
+    batch, :meth:`retry` tries every step that is not in the configuration again at that batch, each against
+    the best configuration so far at that batch, with the same keep rule.
+
+    **Headline.** The final configuration is compared with the fp32 baseline *on its own device*
+    (:meth:`device_baseline`: the first measured step on that device, e.g. "GPU fp32" on a GPU, the CPU
+    baseline on a CPU-only machine), never with another device; :meth:`final_comparison` times the two again,
+    interleaved, and :meth:`summary` refuses a speed-up whose measurements are not steady.
+
+    ``current`` is the configuration the next step builds on (give ``batch_size`` in it, so that each row
+    knows its batch). :meth:`try_step` measures a step (given as a call) against the best so far and records
+    it; :meth:`record` adds a row from a Measurement already taken (compared with the best row as it was
+    measured then), or ``None`` with a reason when the step does not apply here. Each row keeps ``change``,
+    the part of its configuration that differs from the configuration it was tried on.
     """
+
+    #: Configuration keys whose change is not a step to re-try at another batch (the batch itself, the device).
+    NOT_RETRIED = ("batch_size", "device")
 
     def __init__(self, **initial_config: Any) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -195,8 +246,19 @@ class Ladder:
         return kept[-1] if kept else None
 
     def baseline(self) -> dict[str, Any] | None:
+        """The ladder's first measured step (e.g. "CPU fp32")."""
         measured = [r for r in self.rows if r["applicable"]]
         return measured[0] if measured else None
+
+    def device_baseline(self) -> dict[str, Any] | None:
+        """The first measured step on the device of the best configuration: the fp32 baseline every speed-up
+        of the final configuration is measured against (on a GPU the "GPU fp32" step, not the CPU one; on a
+        CPU-only machine the CPU baseline)."""
+        best = self.best()
+        if best is None:
+            return self.baseline()
+        same = [r for r in self.rows if r["applicable"] and r.get("device") == best.get("device")]
+        return same[0] if same else self.baseline()
 
     def try_step(self, step: str, call: Callable[[], Any], *, items_per_call: int, device: torch.device | str = "cpu",
                  config: Mapping[str, Any] | None = None, repeats: int = 5, warmup: Warmup | int = Warmup(),
@@ -219,16 +281,17 @@ class Ladder:
                                  f"measure it with try_step to compare with it")
             ms = measure_interleaved([self._calls[best["step"]], cand], **opts)
             row = self.record(step, ms[step], reference=ms[best["step"]], **dict(config or {}))
-        if row["kept"]:
-            self._calls[step] = cand
+        self._calls[step] = cand  # kept or not: the final comparison may need the baseline of its device
         return row
 
     def record(self, step: str, measurement: Measurement | None = None, reason: str | None = None, *,
                reference: Measurement | None = None, **config: Any) -> dict[str, Any]:
         """Add a row. ``reference``: the best configuration timed together with ``measurement`` (by
         :meth:`try_step`); without it the comparison uses the best row as it was measured earlier."""
+        change = {k: v for k, v in config.items() if k not in self.current or self.current[k] != v}
         row: dict[str, Any] = {"step": step, "applicable": measurement is not None, "reason": reason,
-                               "kept": False, "decision": "not applicable", **config}
+                               "kept": False, "decision": "not applicable", **config, "change": change}
+        row.setdefault("batch_size", self.current.get("batch_size"))
         if measurement is None:
             if not reason:
                 raise ValueError(f"step {step!r}: give a measurement, or the reason it does not apply here")
@@ -265,33 +328,160 @@ class Ladder:
         self.rows.append(row)
         return row
 
+    # ----------------------------------------------------------------------------------------------
+    # Re-trying the steps left out, at the chosen batch
+    # ----------------------------------------------------------------------------------------------
+
+    def dropped(self) -> list[dict[str, Any]]:
+        """The measured steps whose change is not in the current configuration: not kept (slower, within the
+        noise, not steady), or kept and then undone by a later step. Not the baseline, not the changes of
+        batch or device (:data:`NOT_RETRIED`), not the retries themselves."""
+        out = []
+        for r in self.rows:
+            change = r.get("change") or {}
+            if not r["applicable"] or r.get("retry_of") or not change or r is self.baseline():
+                continue
+            if any(k in change for k in self.NOT_RETRIED):
+                continue
+            if any(self.current.get(k) != v for k, v in change.items()):
+                out.append(r)
+        return out
+
+    def retry(self, make_call: Callable[[dict[str, Any], int], Callable[[], Any]], batch: int | None = None, *,
+              skip: Mapping[str, str] | None = None, items_per_call: int | None = None,
+              device: torch.device | str = "cpu", repeats: int = 5, warmup: Warmup | int = Warmup(),
+              unit: str = "img/s", track_memory: bool = True, progress: bool = True, timer: Timer | None = None,
+              errors: tuple[type[BaseException], ...] = (torch.OutOfMemoryError,)) -> list[dict[str, Any]]:
+        """Try every :meth:`dropped` step again at ``batch`` (default: the batch of the current configuration,
+        i.e. the one the batch sweep kept), in ladder order, each on top of the best configuration so far.
+
+        ``make_call(config, batch)`` builds one training step of ``config`` at ``batch`` (a fresh model, a
+        batch of that size) and returns a call without arguments. Each retry is timed interleaved with the best
+        configuration so far at ``batch`` (the kept row's call when it is at that batch; else that
+        configuration, built by ``make_call``) and kept only beyond the noise, as any step; a kept retry is the
+        base of the next one. Returns the new rows: ``step`` "retry: <step> at batch <batch>", ``retry_of``,
+        ``first_batch``, ``retry_why`` ("re-tried at batch 8192: not faster beyond the noise at batch 256") and
+        ``conclusion`` (:func:`retry_sentence`, both outcomes). Steps named in ``skip`` get a row saying why
+        they were not re-tried; a retry that raises one of ``errors`` (out of memory) gets a "failed" row.
+        Steps already tried at ``batch`` are not tried again."""
+        batch = batch if batch is not None else self.current.get("batch_size")
+        if not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"retry needs the batch to re-try at (a positive integer), got {batch!r}: give "
+                             "batch=, or batch_size in the ladder's configuration")
+        skip = dict(skip or {})
+        items = items_per_call if items_per_call is not None else batch
+        opts = dict(repeats=repeats, warmup=warmup, unit=unit, track_memory=track_memory, progress=progress,
+                    timer=timer)
+        reference: Candidate | None = None
+        new_rows = []
+        done = {r["retry_of"] for r in self.rows if r.get("retry_of") and r.get("batch_size") == batch}
+        for first in self.dropped():
+            first_batch = first.get("batch_size")
+            if first_batch == batch or first["step"] in done:
+                continue
+            name = f"retry: {first['step']} at batch {batch}"
+            why = (f"re-tried at batch {batch}: {_FIRST_DECISION.get(first['decision'], first['decision'])} "
+                   f"at batch {first_batch}")
+            info = {"retry_of": first["step"], "first_batch": first_batch, "retry_why": why}
+            if first["step"] in skip:
+                row = {"step": name, "applicable": False, "kept": False, "decision": "not re-tried",
+                       "reason": f"not re-tried at batch {batch}: {skip[first['step']]}", "batch_size": batch, **info}
+                print(f"{name}: {row['reason']}")
+                self.rows.append(row)
+                new_rows.append(row)
+                continue
+            if reference is None:
+                reference = self._reference_at(batch, make_call, items, device)
+            config = {**self.current, **first["change"], "batch_size": batch}
+            cand = Candidate(name, make_call(config, batch), items, str(device))
+            try:
+                ms = measure_interleaved([reference, cand], **opts)
+            except errors as exc:
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                row = {"step": name, "applicable": False, "kept": False, "decision": "failed",
+                       "reason": f"{why}; it failed: {type(exc).__name__}: {text}"[:300], "batch_size": batch, **info}
+                print(f"{name}: {row['reason']}")
+                self.rows.append(row)
+                new_rows.append(row)
+                continue
+            row = self.record(name, ms[name], reference=ms[reference.name], **config)
+            row.update(info)
+            row["conclusion"] = retry_sentence(ms[name], ms[reference.name], first=first,
+                                               first_reference=first.get("reference") or first,
+                                               label=first["step"], first_batch=first_batch, batch=batch)
+            self._calls[name] = cand
+            if row["kept"]:
+                reference = cand
+            new_rows.append(row)
+        if not new_rows:
+            print(f"nothing to re-try at batch {batch}: every step is in the configuration or was tried at that batch")
+        return new_rows
+
+    def _reference_at(self, batch: int, make_call: Callable[[dict[str, Any], int], Callable[[], Any]], items: int,
+                      device: torch.device | str) -> Candidate:
+        """The best configuration so far as a call at ``batch``: the kept row's own call when it ran at that
+        batch, else that configuration built again at ``batch``."""
+        best = self.best()
+        if best is None:
+            raise ValueError("the ladder has no measured step yet")
+        if best.get("batch_size") == batch and best["step"] in self._calls:
+            return self._calls[best["step"]]
+        name = f"{best['step']} at batch {batch}"
+        return Candidate(name, make_call({**self.current, "batch_size": batch}, batch), items, str(device))
+
+    # ----------------------------------------------------------------------------------------------
+    # The headline
+    # ----------------------------------------------------------------------------------------------
+
     def final_comparison(self, *, repeats: int = 5, warmup: Warmup | int = Warmup(), unit: str = "img/s",
-                         track_memory: bool = False, progress: bool = True,
-                         timer: Timer | None = None) -> dict[str, Measurement] | None:
-        """Time the baseline and the final configuration again, interleaved, for the headline speed-up
-        (numbers taken at the same time, not at both ends of the run). Returns ``{"final": ..., "baseline":
-        ...}`` (also kept in ``self.final`` for :meth:`summary`), or None when no step beat the baseline."""
-        base, best = self.baseline(), self.best()
+                         track_memory: bool = False, progress: bool = True, timer: Timer | None = None,
+                         context: bool = True) -> dict[str, Measurement] | None:
+        """Time the fp32 baseline of the final configuration's device (:meth:`device_baseline`) and the final
+        configuration again, interleaved, for the headline speed-up (numbers taken at the same time, not at both
+        ends of the run). With ``context``, the ladder's first step when it ran on another device (the CPU
+        baseline of a GPU ladder) is timed with them, for a comparison given as context only. Returns
+        ``{"final": ..., "baseline": ...[, "start": ...]}`` (also kept in ``self.final`` for :meth:`summary`),
+        or None when the final configuration is that baseline."""
+        base, best, start = self.device_baseline(), self.best(), self.baseline()
         if base is None:
             raise ValueError("the ladder has no measured step yet")
         if best is base:
             self.final = None
             return None
-        missing = [s for s in (base["step"], best["step"]) if s not in self._calls]
+        steps = [base["step"], best["step"]]
+        if context and start is not base and start["step"] in self._calls:
+            steps.append(start["step"])
+        missing = [s for s in steps[:2] if s not in self._calls]
         if missing:
             raise ValueError(f"step(s) {missing} were recorded without their call: measure them with try_step")
-        ms = measure_interleaved([self._calls[base["step"]], self._calls[best["step"]]], repeats=repeats,
-                                 warmup=warmup, unit=unit, track_memory=track_memory, progress=progress, timer=timer)
+        ms = measure_interleaved([self._calls[s] for s in steps], repeats=repeats, warmup=warmup, unit=unit,
+                                 track_memory=track_memory, progress=progress, timer=timer)
         self.final = {"final": ms[best["step"]], "baseline": ms[base["step"]]}
+        if len(steps) == 3:
+            self.final["start"] = ms[start["step"]]
         return self.final
 
+    def labels(self) -> dict[str, str]:
+        """How the headline names the final configuration and its baseline: step and batch."""
+        base, best = self.device_baseline(), self.best()
+
+        def name(r: Mapping[str, Any]) -> str:
+            return f"{r['step']}, batch {r['batch_size']}" if r.get("batch_size") else r["step"]
+
+        return {"final": f"the final configuration ({name(best)})", "baseline": f"the fp32 baseline on this device "
+                f"({name(base)})", "start": f"the ladder's first step ({name(self.baseline())})"}
+
     def table(self):
-        """All rows, with the speed-up over the baseline (``speedup``, NaN when the baseline is not steady)
-        and the ratios as text, 2 significant digits (``speedup_text``, ``vs_best_text``)."""
+        """All rows, with the speed-up over the fp32 baseline of the final configuration's device
+        (:meth:`device_baseline`; ``speedup``, NaN when that baseline is not steady), the ratios as text,
+        2 significant digits (``speedup_text``, ``vs_best_text``), and ``why``: why a step does not apply, why it
+        was re-tried, why no ratio is given."""
         import pandas as pd
 
         df = pd.DataFrame(self.rows)
-        base = self.baseline()
+        base = self.device_baseline()
         if base is None or "throughput" not in df:
             return df
         refused = unsteady_reason(base)
@@ -301,25 +491,45 @@ class Ladder:
         df["vs_best_text"] = [format_ratio(r["vs_best"]) if r.get("vs_best") is not None
                               else "no ratio: not steady" if r.get("note") and r["decision"] != "baseline" else ""
                               for r in self.rows]
+        df["why"] = ["; ".join(str(r[k]) for k in ("reason", "retry_why", "note")
+                               if r.get(k) and not (k == "retry_why" and r.get("reason"))) for r in self.rows]
+        df["baseline_step"] = base["step"]
         return df
 
     def summary(self) -> dict[str, Any]:
-        """The configuration the ladder ends with and its speed-up over the baseline: from
+        """The configuration the ladder ends with (``final_config``, ``final_step``, ``final_batch_size``) and
+        its speed-up over the fp32 baseline of its own device (``final_speedup``, ``baseline_step``): from
         :meth:`final_comparison` when it was run, else from the rows. ``final_speedup`` is None when either
-        measurement is not steady (``final_sentence`` says why)."""
-        base, best = self.baseline(), self.best()
+        measurement is not steady (``final_sentence`` says why); 1.0 when the final configuration is that
+        baseline, measured steadily. With a first step on another device (a CPU baseline before a GPU ladder),
+        ``start_step`` and ``final_vs_start`` (and its sentence) give that ratio, as context only."""
+        base, best, start = self.device_baseline(), self.best(), self.baseline()
         if base is None:
             raise ValueError("the ladder has no measured step yet")
+        lab = self.labels()
         out: dict[str, Any] = {"final_config": dict(self.current), "final_step": best["step"],
+                               "final_batch_size": best.get("batch_size") or self.current.get("batch_size"),
+                               "baseline_step": base["step"],
                                "steps_not_kept": [r["step"] for r in self.rows if r["applicable"] and not r["kept"]],
+                               "retried": {r["retry_of"]: r["decision"] for r in self.rows if r.get("retry_of")},
                                "baseline_steady": unsteady_reason(base) is None}
         if best is base:
-            out.update(final_speedup=1.0, final_sentence=(f"No step beat the baseline ({base['step']}) beyond the "
-                                                          f"noise on this machine: the final configuration is the baseline."))
-            return out
-        a, b = (self.final["final"], self.final["baseline"]) if self.final else (best, base)
-        refused = unsteady_reason(b) or unsteady_reason(a)
-        out["final_speedup"] = None if refused else _stats(a)["throughput"] / _stats(b)["throughput"]
-        out["final_sentence"] = compare_sentence(a, b, a_label=f"the final configuration ({best['step']})",
-                                                 b_label=f"the baseline ({base['step']})")
+            refused = unsteady_reason(base)
+            out["final_speedup"] = None if refused else 1.0
+            out["final_sentence"] = (
+                f"No ratio reported: {refused}; no step was kept over the baseline ({base['step']})." if refused else
+                f"No step beat the baseline ({base['step']}) beyond the noise on this machine: the final "
+                f"configuration is the baseline.")
+        else:
+            a, b = (self.final["final"], self.final["baseline"]) if self.final else (best, base)
+            refused = unsteady_reason(b) or unsteady_reason(a)
+            out["final_speedup"] = None if refused else _stats(a)["throughput"] / _stats(b)["throughput"]
+            out["final_sentence"] = compare_sentence(a, b, a_label=lab["final"], b_label=lab["baseline"])
+        if start is not base:
+            a = self.final["final"] if self.final else best
+            c = self.final["start"] if self.final and "start" in self.final else start
+            refused = unsteady_reason(c) or unsteady_reason(a)
+            out.update(start_step=start["step"],
+                       final_vs_start=None if refused else _stats(a)["throughput"] / _stats(c)["throughput"],
+                       final_vs_start_sentence=compare_sentence(a, c, a_label=lab["final"], b_label=lab["start"]))
         return out
