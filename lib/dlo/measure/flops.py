@@ -8,7 +8,11 @@ where the peak is that of the precision the step computes in (bf16 under autocas
 fp32 step: 67 instead of 989 TFLOP/s on an H100; see :func:`gpu_peak` and :func:`mfu`'s ``dtype``).
 
 ("model" FLOPs: those the model mathematically needs, not counting recomputation from activation
-checkpointing, which would give the *hardware* FLOPs utilisation, HFU). Published LLM trainings reach
+checkpointing.) The *hardware* FLOPs utilisation, :func:`hfu`, counts what the GPU actually computed:
+the model FLOPs plus the forward of every decoder layer that activation checkpointing runs again in
+backward (:func:`hardware_flops_per_token`: full checkpointing of all L layers gives ``8N + 16·L·H·S``
+instead of ``6N + 12·L·H·S``). MFU is what a run is judged by (recomputation is a cost, not work done);
+HFU says how busy the GPU was. Published LLM trainings reach
 roughly 35-50 % (see REFERENCES.md (repository root): Megatron-LM 41-48 % on H100, torchtitan Llama 3.1 8B
 ≈33-39 %); below ~20 % something (data loading, communication, small matmuls) is usually wrong.
 
@@ -71,6 +75,29 @@ def flops_per_token(model: TransformerConfig | int, seq_len: int, *, training: b
     factor = 3 if training else 1  # backward = 2 x forward
     attention = 4 * layers * width * seq_len if seq_len else 0
     return float(factor * (2 * n + attention))
+
+
+def layer_forward_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
+    """FLOPs of one decoder layer's forward per token: ``2 · (layer parameters) + 4·H·S`` (its weight
+    matmuls and its attention scores and weighted sum, the convention of :func:`flops_per_token`)."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len must be a non-negative integer, got {seq_len!r}")
+    return float(2 * count_parameters(cfg)["per_layer"] + 4 * cfg.q_dim * seq_len)
+
+
+def hardware_flops_per_token(cfg: TransformerConfig, seq_len: int, *, recomputed_layers: float = 0) -> float:
+    """FLOPs per token that the hardware runs in a training step: the model FLOPs (:func:`flops_per_token`)
+    plus ``recomputed_layers`` decoder-layer forwards (:func:`layer_forward_flops_per_token`), the work that
+    activation checkpointing does twice.
+
+    ``recomputed_layers``: ``L`` for full checkpointing of every layer (one more forward: ``8N + 16·L·H·S``
+    up to the final norm's few parameters), ``ceil(L / k)`` when one layer in ``k`` is checkpointed, ``0``
+    without checkpointing or with an op-level selective policy that keeps every matmul's output (what it
+    recomputes, norms and activations, are element-wise ops that FLOP conventions do not count)."""
+    if not recomputed_layers >= 0 or recomputed_layers > cfg.num_layers:
+        raise ValueError(f"recomputed_layers must be between 0 and the {cfg.num_layers} layers, "
+                         f"got {recomputed_layers!r}")
+    return flops_per_token(cfg, seq_len) + recomputed_layers * layer_forward_flops_per_token(cfg, seq_len)
 
 
 #: Names of the precisions a peak is quoted for, and the spellings accepted for each.
@@ -187,4 +214,13 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec
     return tokens_per_s * flops_per_token / peak
 
 
-__all__ = ["TERA", "flops_per_token", "precision_name", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]
+def hfu(tokens_per_s: float, hardware_flops_per_token: float, peak_flops: float | GpuSpec,
+        dtype: torch.dtype | str | None = None) -> float:
+    """Hardware FLOPs utilisation: :func:`mfu`'s ratio with the FLOPs the hardware ran
+    (:func:`hardware_flops_per_token`, recomputation included) instead of the model's. Equal to the MFU
+    without activation checkpointing, larger with it (at most 8/6 of it with full checkpointing)."""
+    return mfu(tokens_per_s, hardware_flops_per_token, peak_flops, dtype)
+
+
+__all__ = ["TERA", "flops_per_token", "layer_forward_flops_per_token", "hardware_flops_per_token", "hfu",
+           "precision_name", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]

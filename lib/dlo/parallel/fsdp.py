@@ -23,12 +23,19 @@ This module holds the pieces the workshop script (``tp_fsdp/fsdp_train.py``) is 
 * prefetching and communication: :func:`set_prefetch` (FSDP2's default schedule, none, or explicit N layers
   ahead), :class:`CollectiveCounter` (collectives per step, count and bytes), :func:`train_step` (one step,
   for the steady timing of the script's ``--timed-repeats``);
+* the levers of a fast step: :func:`build_optimizer` (AdamW for-loop, foreach or fused), gradient accumulation
+  (:func:`train_step`'s ``grad_accum``), activation checkpointing of every k-th layer, full or op-level
+  selective (:func:`apply_activation_checkpointing`), the chunked loss that never holds the ``tokens x vocab``
+  logits (:func:`use_chunked_loss`), the SDPA kernel that ran (:func:`sdpa_backends`);
 * sharded checkpoints: :func:`save_sharded`, :func:`load_sharded` (``torch.distributed.checkpoint``);
 * DeepSpeed ZeRO: :func:`deepspeed_config`, :func:`deepspeed_initialize`.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
+import math
 import os
 import statistics
 import time
@@ -44,7 +51,7 @@ from dlo.models.config import LLAMA_3_2_3B, TINY_LLAMA, TransformerConfig
 from dlo.data.tokens import rank_loader
 from dlo.measure.bench import PeakMemory
 from dlo.runtime.device import synchronize
-from dlo.measure.flops import flops_per_token, gpu_peak, mfu
+from dlo.measure.flops import flops_per_token, gpu_peak, hardware_flops_per_token, hfu, mfu
 from dlo.runtime.validate import per_rank_batch
 from dlo.runtime.compat import import_deepspeed
 from dlo.parallel.ddp import ddp_wrap
@@ -53,7 +60,10 @@ __all__ = ["SMOKE_LLAMA", "MODEL_CONFIGS", "model_config", "build_llama", "decod
            "PRECISIONS", "mixed_precision", "offload_policy", "apply_activation_checkpointing", "compile_layers",
            "apply_fsdp", "is_resharded_after_forward", "PREFETCH_MODES", "set_prefetch",
            "COUNTED_COLLECTIVES", "CollectiveCounter", "train_step", "batches", "train_steps", "compute_precision", "throughput",
-           "save_sharded", "load_sharded", "deepspeed_config", "deepspeed_initialize", "full_gradients", "memory_precision"]
+           "save_sharded", "load_sharded", "deepspeed_config", "deepspeed_initialize", "full_gradients", "memory_precision",
+           "AC_MODES", "checkpoint_mode", "checkpointed_layers", "recomputed_layers", "LOSS_MODES", "ChunkedLossHead",
+           "use_chunked_loss", "loss_sum", "forward_loss", "ACCUM_SYNC", "OPTIMIZER_IMPLS", "build_optimizer",
+           "optimizer_impl", "sdpa_backends"]
 
 #: The smoke model: a 2-layer Llama (GQA, SwiGLU, tied embeddings like Llama 3.2) of ~0.1 M parameters,
 #: small enough for a few CPU training steps per second on 2 gloo processes.
@@ -107,6 +117,100 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+#: How the loss is computed: ``full`` (transformers' head makes the ``tokens x vocab`` logits, upcast to fp32
+#: for the cross-entropy) or ``chunked`` (:class:`ChunkedLossHead`).
+LOSS_MODES = ("full", "chunked")
+
+
+def _chunk_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    labels: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias)  # [chunk, vocab] in the compute dtype
+    return F.cross_entropy(logits.float(), labels, reduction="sum")  # fp32 for one chunk only
+
+
+class ChunkedLossHead(nn.Module):
+    """Takes the place of a causal LM's ``lm_head``: given the final hidden states, it returns the **sum** of
+    the next-token cross-entropies of the labels set by :meth:`targets`, computed ``chunk_tokens`` tokens at
+    a time, each chunk under activation checkpointing. The ``tokens x vocab`` logits (1 GB in bf16 for
+    4,096 tokens and Llama 3's 128 k vocabulary, plus 2 GB for each fp32 copy the loss makes) never exist:
+    one chunk's logits do, and its backward recomputes them. Same value and gradients as the full loss.
+
+    The head runs inside the model's forward, so FSDP's root unit (which owns the tied embedding/head
+    weight) has it gathered, as it would for the plain head. Its parameters are the plain head's
+    (``weight``, ``bias``): same names, same tied tensor."""
+
+    def __init__(self, head: nn.Linear, chunk_tokens: int = 1024) -> None:
+        super().__init__()
+        if not (isinstance(chunk_tokens, int) and chunk_tokens >= 1):
+            raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
+        self.weight = head.weight
+        self.bias = head.bias
+        self.chunk_tokens = chunk_tokens
+        self._labels: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def targets(self, labels: torch.Tensor):
+        """The labels of the next forward (``with head.targets(labels): model(input_ids=ids)``)."""
+        self._labels = labels
+        try:
+            yield self
+        finally:
+            self._labels = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        if self._labels is None:
+            raise RuntimeError("the chunked loss head needs labels: call the model inside `with head.targets(labels):`")
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        labels = self._labels.reshape(-1).to(hidden.device)
+        if labels.numel() != hidden.shape[0]:
+            raise ValueError(f"{labels.numel()} labels for {hidden.shape[0]} tokens")
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], self.chunk_tokens):
+            stop = start + self.chunk_tokens
+            total = total + checkpoint(_chunk_loss_sum, hidden[start:stop], self.weight, self.bias,
+                                       labels[start:stop], use_reentrant=False)
+        return total
+
+
+def _inner(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)  # DDP and DeepSpeed keep the model in .module
+
+
+def use_chunked_loss(model: nn.Module, chunk_tokens: int = 1024) -> nn.Module:
+    """Replace the causal LM's ``lm_head`` by a :class:`ChunkedLossHead` (before ``fully_shard``); return it."""
+    inner = _inner(model)
+    if isinstance(inner.lm_head, ChunkedLossHead):
+        inner.lm_head.chunk_tokens = chunk_tokens
+    else:
+        inner.lm_head = ChunkedLossHead(inner.lm_head, chunk_tokens)
+    return model
+
+
+def loss_sum(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, engine=None,
+             autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The sum over tokens of the next-token cross-entropy of ``labels`` (in fp32), through the plain head
+    (full logits) or the :class:`ChunkedLossHead` when :func:`use_chunked_loss` installed one."""
+    head = _inner(model).lm_head
+    net = engine or model
+    chunked = isinstance(head, ChunkedLossHead)
+    cast = torch.autocast(ids.device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    with cast, (head.targets(labels) if chunked else contextlib.nullcontext()):
+        out = net(input_ids=ids).logits
+    if chunked:
+        return out
+    return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), labels.reshape(-1), reduction="sum")
+
+
+def forward_loss(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, *, engine=None,
+                 autocast_dtype: torch.dtype | None = None, tokens: int | torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`loss_sum` divided by ``tokens`` (default: this batch's tokens): the mean loss of the batch, or,
+    with the token count of a whole batch, one micro-batch's share of it (gradient accumulation)."""
+    total = loss_sum(model, ids, labels, engine=engine, autocast_dtype=autocast_dtype)
+    return total / (labels.numel() if tokens is None else tokens)
+
+
 def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
     """The baseline: model on ``device``, in ``DistributedDataParallel`` when there are several processes
     (the package's one DDP wrapper, :func:`dlo.parallel.ddp.ddp_wrap`)."""
@@ -156,16 +260,73 @@ def offload_policy(device: torch.device | str, enabled: bool):
     return CPUOffloadPolicy(pin_memory=True)
 
 
-def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Wrap each decoder layer so that its activations are recomputed in backward instead of stored.
+#: Activation checkpointing modes: ``none``; ``full``: a checkpointed layer keeps only its input and runs its
+#: whole forward again in backward; ``selective``: op-level, it keeps the outputs of its matmuls and of
+#: attention and recomputes only the element-wise ops (norms, rotary embedding, SiLU, products).
+AC_MODES = ("none", "full", "selective")
 
-    Only each layer's input is kept (``hidden`` values per token instead of ~``34 hidden``): memory drops,
-    the forward of each layer runs twice (~+33 % compute). Apply it *before* ``fully_shard``."""
+
+def checkpoint_mode(value: bool | str | None) -> str:
+    """A checkpointing setting as one of :data:`AC_MODES` (True: ``"full"``; False/None: ``"none"``)."""
+    if value is None or value is False:
+        return "none"
+    if value is True:
+        return "full"
+    if value not in AC_MODES:
+        raise ValueError(f"unknown activation checkpointing mode {value!r}: choose one of {', '.join(AC_MODES)}")
+    return value
+
+
+def checkpointed_layers(num_layers: int, mode: bool | str, every: int = 1) -> list[int]:
+    """Indices of the decoder layers that ``mode`` checkpoints: every ``every``-th layer (0, k, 2k...)."""
+    if not (isinstance(every, int) and every >= 1):
+        raise ValueError(f"ac_every must be an integer >= 1 (one layer in k is checkpointed), got {every!r}")
+    return [] if checkpoint_mode(mode) == "none" else list(range(0, num_layers, every))
+
+
+def recomputed_layers(num_layers: int, mode: bool | str, every: int = 1) -> int:
+    """Decoder-layer forwards recomputed in backward per step (for the HFU): the checkpointed layers in
+    ``full`` mode, 0 in ``selective`` mode (the matmuls are kept, only element-wise ops run again)."""
+    return len(checkpointed_layers(num_layers, mode, every)) if checkpoint_mode(mode) == "full" else 0
+
+
+def _selective_policy():
+    """Op-level policy: keep the output of every matmul and of the fused attention kernels, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    save = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _selective_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_selective_policy())
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: bool | str = "full", *, every: int = 1) -> nn.Module:
+    """Wrap decoder layers so that (part of) their activations are recomputed in backward instead of stored.
+
+    ``full``: only each layer's input is kept (``hidden`` values per token instead of ~``34 hidden``): memory
+    drops, the forward of each layer runs twice (~+33 % compute). ``selective``: the outputs of the matmuls
+    and of attention are kept, the element-wise ops are recomputed (about half the memory of no
+    checkpointing, almost no extra FLOPs; ``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
+    ``every=k``: only layers 0, k, 2k... are wrapped (``none`` leaves the model as it is). Apply it
+    *before* ``fully_shard``."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    mode = checkpoint_mode(mode)
     layers = decoder_layers(model)
-    for i, layer in enumerate(layers):
-        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
+    extra = {"context_fn": _selective_context} if mode == "selective" else {}
+    for i in checkpointed_layers(len(layers), mode, every):
+        layers[i] = checkpoint_wrapper(layers[i], preserve_rng_state=False, **extra)
     return model
 
 
@@ -375,25 +536,66 @@ class CollectiveCounter:
         return out
 
 
+#: Gradient accumulation: ``last`` reduces the gradients once, after the last micro-batch (DDP's ``no_sync``,
+#: FSDP2's ``set_requires_gradient_sync(False)`` before it: the unsharded gradients are held in between);
+#: ``every`` reduce-scatters after every micro-batch into the sharded gradients (less memory, N x the traffic).
+ACCUM_SYNC = ("last", "every")
+
+
+@contextlib.contextmanager
+def _micro_batch(model: nn.Module, last: bool, sync: str, keep_gathered: bool):
+    """Around one micro-batch's forward and backward: whether its gradients are reduced and whether FSDP2
+    frees the gathered weights after its backward (``keep_gathered``: not before the last micro-batch)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(last or sync == "every")
+        model.set_reshard_after_backward(last or not keep_gathered)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+            model.set_reshard_after_backward(True)
+    elif hasattr(model, "no_sync") and not last and sync == "last":  # DDP
+        with model.no_sync():
+            yield
+    else:
+        yield
+
+
 def train_step(model: nn.Module, optimizer, ids: torch.Tensor, labels: torch.Tensor, *, engine=None,
-               autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0) -> torch.Tensor:
+               autocast_dtype: torch.dtype | None = None, loss_scale: float = 1.0, grad_accum: int = 1,
+               accum_sync: str = "last", accum_keep_gathered: bool = False) -> torch.Tensor:
     """One optimizer step (forward, loss, backward, step), the one :func:`train_steps` runs; returns the loss
     (times ``loss_scale``). ``autocast_dtype``: run forward under ``torch.autocast`` in that dtype (the
-    compute-only baseline of a bf16 FSDP run, whose gathered weights are bf16)."""
-    if autocast_dtype is not None:
-        with torch.autocast(ids.device.type, dtype=autocast_dtype):
-            logits = (engine or model)(input_ids=ids).logits
-    else:
-        logits = (engine or model)(input_ids=ids).logits
-    loss = lm_loss(logits, labels) * loss_scale
+    compute-only baseline of a bf16 FSDP run, whose gathered weights are bf16).
+
+    ``grad_accum=N``: this rank's batch is split into N micro-batches, each run forward and backward on its
+    own (activations of one micro-batch at a time), the optimizer steps once. Each micro-batch's loss is its
+    sum over tokens divided by the tokens of the *whole* batch, so the accumulated gradient, and the loss
+    returned, are those of the batch in one piece. ``accum_sync`` (:data:`ACCUM_SYNC`) and
+    ``accum_keep_gathered`` choose what the micro-batches before the last communicate (FSDP2, DDP)."""
+    if grad_accum < 1 or ids.shape[0] % grad_accum:
+        raise ValueError(f"grad_accum={grad_accum} must divide this rank's batch of {ids.shape[0]} sequences")
+    if accum_sync not in ACCUM_SYNC:
+        raise ValueError(f"unknown accum_sync {accum_sync!r}: choose one of {', '.join(ACCUM_SYNC)}")
     if engine is not None:
+        if grad_accum != 1:
+            raise ValueError("gradient accumulation is configured in DeepSpeed's own config, not here: grad_accum=1")
+        loss = forward_loss(model, ids, labels, engine=engine, autocast_dtype=autocast_dtype) * loss_scale
         engine.backward(loss)
         engine.step()
-    else:
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return loss.detach()
+        return loss.detach()
+    optimizer.zero_grad(set_to_none=True)
+    tokens = labels.numel()
+    total = None
+    for k, (i, y) in enumerate(zip(ids.chunk(grad_accum), labels.chunk(grad_accum))):
+        with _micro_batch(model, k == grad_accum - 1, accum_sync, accum_keep_gathered):
+            loss = forward_loss(model, i, y, autocast_dtype=autocast_dtype, tokens=tokens) * loss_scale
+            loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    optimizer.step()
+    return total
 
 
 # --------------------------------------------------------------------------------------------------
@@ -415,12 +617,13 @@ def batches(dataset, global_batch: int, rank: int, world_size: int, *, seed: int
 
 def train_steps(model: nn.Module, optimizer, data: Iterator, steps: int, *, device: torch.device | str = "cpu",
                 engine=None, warmup: int = 1, track_memory: bool = True, loss_scale: float = 1.0,
-                progress: str | None = None) -> dict[str, Any]:
+                progress: str | None = None, **step_kwargs: Any) -> dict[str, Any]:
     """Run ``steps`` optimizer steps; returns ``losses`` (this rank's), ``step_times_s`` (synchronised),
     ``median_step_s`` (after ``warmup`` steps) and ``peak_memory_bytes`` (``dlo.measure.bench.PeakMemory``).
 
     ``engine``: a DeepSpeed engine (``engine.backward`` / ``engine.step`` replace ``loss.backward`` and
-    ``optimizer.step``). ``loss_scale`` exists for the tests of the "divided by world size" pitfall only."""
+    ``optimizer.step``). ``loss_scale`` exists for the tests of the "divided by world size" pitfall only.
+    ``step_kwargs``: passed to :func:`train_step` (``grad_accum``, ``accum_sync``, ``accum_keep_gathered``)."""
 
     device = torch.device(device)
     losses, times = [], []
@@ -433,7 +636,7 @@ def train_steps(model: nn.Module, optimizer, data: Iterator, steps: int, *, devi
             ids, labels = next(data)
             synchronize(device)
             start = time.perf_counter()
-            loss = train_step(model, optimizer, ids, labels, engine=engine, loss_scale=loss_scale)
+            loss = train_step(model, optimizer, ids, labels, engine=engine, loss_scale=loss_scale, **step_kwargs)
             synchronize(device)
             times.append(time.perf_counter() - start)
             losses.append(loss.item() / loss_scale)
@@ -465,25 +668,105 @@ def compute_precision(precision: str, device: torch.device | str) -> str:
 
 def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_step_s: float,
                device: torch.device | str, n_devices: int = 1, *, precision: str,
-               gpu_name: str | None = None) -> dict[str, Any]:
-    """tokens/s of the whole run and MFU (``dlo.measure.flops``: ``6N + 12·L·H·S``, non-embedding N) per GPU.
+               gpu_name: str | None = None, recomputed_layers: float = 0) -> dict[str, Any]:
+    """tokens/s of the whole run, MFU and HFU (``dlo.measure.flops``) per GPU.
 
-    The MFU divides by the peak of the precision the step computes in (:func:`compute_precision` of
+    MFU counts the model's FLOPs (``6N + 12·L·H·S``, non-embedding N), HFU also the ``recomputed_layers``
+    layer forwards that activation checkpointing runs again (:func:`recomputed_layers`; 0: HFU = MFU).
+    Both divide by the peak of the precision the step computes in (:func:`compute_precision` of
     ``precision``, one of :data:`PRECISIONS`): an fp32 run on an H100 is measured against 67 TFLOP/s, not
     the 989 of bf16, which would report an MFU 15x too low. ``gpu_name``: the name as
-    ``torch.cuda.get_device_name`` reports it (default: read from ``device`` when it is a GPU). MFU is None
-    on a CPU or an unknown GPU (no reference peak)."""
+    ``torch.cuda.get_device_name`` reports it (default: read from ``device`` when it is a GPU). MFU and HFU
+    are None on a CPU or an unknown GPU (no reference peak)."""
 
     device = torch.device(device)
     tokens_per_s = global_batch * seq_len / median_step_s
     fpt = flops_per_token(cfg, seq_len)
+    hw_fpt = hardware_flops_per_token(cfg, seq_len, recomputed_layers=recomputed_layers)
     peak_precision = compute_precision(precision, device)
     if gpu_name is None and device.type == "cuda":
         gpu_name = torch.cuda.get_device_name(device)
     spec = gpu_peak(gpu_name, dtype=peak_precision)
-    return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "gpu": spec.name if spec else None,
-            "peak_precision": peak_precision, "peak_flops": n_devices * spec.peak_flops if spec else None,
-            "mfu": mfu(tokens_per_s, fpt, n_devices * spec.peak_flops) if spec else None}
+    peak = n_devices * spec.peak_flops if spec else None
+    return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "hardware_flops_per_token": hw_fpt,
+            "recomputed_layers": recomputed_layers, "gpu": spec.name if spec else None,
+            "peak_precision": peak_precision, "peak_flops": peak,
+            "mfu": mfu(tokens_per_s, fpt, peak) if spec else None,
+            "hfu": hfu(tokens_per_s, hw_fpt, peak) if spec else None}
+
+
+# --------------------------------------------------------------------------------------------------
+# The optimizer's implementation, and the attention kernel that ran
+# --------------------------------------------------------------------------------------------------
+
+#: AdamW implementations: ``default`` (torch's choice: foreach on GPUs, the for-loop on CPUs), ``foreach``
+#: (one kernel per operation for a whole list of tensors), ``fused`` (one kernel for the whole update).
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+
+
+def build_optimizer(params, *, lr: float, impl: str = "default", weight_decay: float = 0.0) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` in implementation ``impl`` (:data:`OPTIMIZER_IMPLS`). ``fused`` where the
+    parameters' device has no fused kernel: ValueError in one line."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise ValueError(f"unknown optimizer implementation {impl!r}: choose one of {', '.join(OPTIMIZER_IMPLS)}")
+    kwargs = {"foreach": True} if impl == "foreach" else {"fused": True} if impl == "fused" else {}
+    params = list(params)
+    if impl == "fused":  # torch checks the devices only at the first step: check them now, as torch.optim does
+        from torch.optim import optimizer as _optim
+
+        for p in params:
+            try:
+                _optim._device_dtype_check_for_fused(p)
+            except RuntimeError as exc:
+                raise ValueError(f"fused AdamW has no kernel for parameters on {p.device.type} in this torch "
+                                 f"({str(exc).splitlines()[0]}): use --optimizer-impl foreach") from None
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
+    """The implementation an AdamW step runs: ``fused``, ``foreach`` or ``for-loop`` (torch's default
+    resolved the way ``torch.optim`` resolves it for these parameters)."""
+    if optimizer.defaults.get("fused"):
+        return "fused"
+    foreach = optimizer.defaults.get("foreach")
+    if foreach is None:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        _, foreach = _default_to_fused_or_foreach(params, differentiable=False, use_fused=False)
+    return "foreach" if foreach else "for-loop"
+
+
+#: The ATen operator each SDPA backend runs (below autograd, where a dispatch mode sees it).
+SDPA_KERNELS = {"_scaled_dot_product_flash_attention": "flash", "_scaled_dot_product_cudnn_attention": "cudnn",
+                "_scaled_dot_product_efficient_attention": "efficient",
+                "_scaled_dot_product_flash_attention_for_cpu": "flash/cpu",
+                "_scaled_dot_product_fused_attention_overrideable": "overrideable"}
+
+
+def sdpa_backends(forward: Callable[[], Any]) -> list[str]:
+    """The SDPA kernels that ``forward()`` (one forward through the model) runs, observed op by op: e.g.
+    ``["flash"]`` or ``["cudnn"]`` on an H100 in bf16, ``["flash/cpu"]`` on a CPU, ``["math"]`` when
+    ``scaled_dot_product_attention`` fell back to its composite math path (matmuls and softmax; no fused
+    kernel ran), ``[]`` when no attention ran at all. Compiled code is run eagerly for the probe
+    (``torch.compiler.set_stance("force_eager")``): inductor keeps the SDPA kernel that eager dispatch picks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") \
+        else contextlib.nullcontext()
+    with torch.no_grad(), stance, _Ops():
+        forward()
+    kernels = sorted({SDPA_KERNELS[name] for name in seen if name in SDPA_KERNELS})
+    if kernels:
+        return kernels
+    return ["math"] if any(name in ("_softmax", "_safe_softmax") for name in seen) else []
 
 
 def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
