@@ -21,7 +21,7 @@ help:
 	@echo "make run      - execute Jour1/jour1.ipynb (smoke on CPU, full on a GPU) into runs/jour1/"
 	@echo "make test     - unit, distributed and notebook tests (what CI runs)"
 	@echo "make test-browser - a student notebook in JupyterLab in headless Chromium (screenshots in runs/browser/)"
-	@echo "make test-compat - the lib and distributed tests under torch 2.11 (what GPU nodes have), in .cache/venv-compat"
+	@echo "make test-compat - a GPU node's Python (torch 2.11, no Jupyter) in .cache/venv-compat: lib tests, every notebook's dry profile"
 	@echo "make test-dry    - every notebook's full profile rehearsed on a CPU (profile dry: full lists and branches, small sizes)"
 	@echo "make gpu-check - on a GPU node: every full-profile benchmark against its target -> results/"
 	@echo "make student  - regenerate the student notebooks from the sources"
@@ -100,10 +100,12 @@ test-browser: $(STAMP)
 	$(PY) -c "import playwright" 2>/dev/null || $(PY) -m pip install -q "$(PLAYWRIGHT)"
 	DLO_BROWSER_TEST=1 $(VENV)/bin/python -m pytest tests/test_browser.py -v -p no:cacheprovider $(PYTEST_ARGS)
 
-# The library and distributed tests under the torch the GPU nodes have (2.11, with torchvision 0.26), in a second
-# venv holding only what such a node has: torch, torchvision, transformers, matplotlib, pandas, tqdm, tensorboard
-# (no DeepSpeed, Ray, Optuna or Jupyter: their tests skip). PyPI's torch 2.11 is a CUDA build (~4.5 GB); it runs
-# on the CPU. Not part of `make test` (first run: a few minutes of download).
+# A GPU node's environment: the torch the GPU nodes have (2.11, with torchvision 0.26), in a second venv holding only
+# what such a node has: torch, torchvision, transformers, matplotlib, pandas, tqdm, tensorboard (no IPython, Jupyter,
+# papermill, DeepSpeed, Ray or Optuna: their tests skip). There, the library and distributed tests, then every
+# notebook's dry profile through the plain engine (`dlo run --engine plain`, what such a node runs; a notebook that
+# imports a package the node lacks, e.g. Optuna, is skipped and says so). PyPI's torch 2.11 is a CUDA build
+# (~4.5 GB); it runs on the CPU. Not part of `make test` (first run: a few minutes of download).
 COMPAT_VENV ?= $(CACHE)/venv-compat
 COMPAT_TORCH ?= torch==2.11.0 torchvision==0.26.0
 COMPAT_TESTS ?= tests/test_fsdp.py tests/test_fsdp_prefetch.py tests/test_pipeline.py tests/test_p2p_replay.py tests/test_tp.py tests/test_ddp.py \
@@ -117,7 +119,13 @@ test-compat:
 	$(COMPAT_VENV)/bin/python -m pip install -q $$(grep -E '^(numpy|pandas|matplotlib|tqdm|psutil|pillow|pytest|pytest-xdist|hypothesis|transformers|tensorboard)==' requirements.txt)
 	$(COMPAT_VENV)/bin/python -m pip install -q --no-deps -e .
 	$(COMPAT_VENV)/bin/python -c "import torch; assert torch.__version__.startswith('2.11'), torch.__version__"
+	$(COMPAT_VENV)/bin/python -c "import importlib.util as u, sys; \
+	    extra = [m for m in ('IPython', 'ipykernel', 'nbformat', 'papermill', 'jupyter_client') if u.find_spec(m)]; \
+	    sys.exit(f'{extra} installed in $(COMPAT_VENV): not a GPU node' if extra else 0)"
 	$(COMPAT_VENV)/bin/python -m pytest $(COMPAT_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_DRY_PROFILES=1 DLO_LAUNCHER=fork \
+	    $(COMPAT_VENV)/bin/python -m pytest tests/test_dry_profiles.py -q -p no:cacheprovider \
+	    -n $(REHEARSAL_WORKERS) --dist load --maxschedchunk 1 $(PYTEST_ARGS)
 
 # Every full-profile benchmark on this GPU node (results/README.md). It runs with whatever Python has torch: the
 # venv when there is one, else $(PYTHON) (a cluster module), so that no pip install is needed on the node.

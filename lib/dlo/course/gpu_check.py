@@ -5,7 +5,7 @@ On a GPU node, ``PYTHONPATH=lib python -m dlo gpu-check`` (or ``make gpu-check``
 =================  ==================================================================  ================
 benchmark          what is measured                                                    target
 =================  ==================================================================  ================
-``jour1_ladder``   Jour 1's optimisation ladder: final configuration vs fp32 baseline  >= 10x
+``jour1_ladder``   Jour 1's ladder: final configuration vs one-GPU fp32 (ladder batch)  >= 5x 
 ``mixcutmix``      batched MixUp / CutMix against the per-sample loop (slowest kind)   >= 50x
 ``fsdp_mfu``       FSDP2 on Llama 3.2 3B, bf16: model FLOPs utilisation                >= 40 %
 ``pipeline_1f1b``  1F1B bubble, relative gap to the theory (p-1)/(m+p-1)               <= 15 %
@@ -129,8 +129,10 @@ def _jour1_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tupl
 
 
 def _jour1_parse(out: Path, _outputs: Any) -> tuple[float | None, dict[str, Any]]:
+    """``final_speedup``: the final configuration over the fp32 baseline on the same device (``baseline_step``)."""
     results = json.loads((out / "results.json").read_text())
-    details = {"final_step": results.get("final_step"), "sentence": results.get("final_sentence")}
+    details = {"final_step": results.get("final_step"), "sentence": results.get("final_sentence"),
+               "baseline_step": results.get("baseline_step"), "final_batch_size": results.get("final_batch_size")}
     if results.get("final_speedup") is None:
         details["why"] = "no speed-up reported: " + (results.get("final_sentence") or "not steady")
     return results.get("final_speedup"), details
@@ -278,8 +280,10 @@ def _race_parse(out: Path, _outputs: Any) -> tuple[float | None, dict[str, Any]]
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("jour1_ladder", "Jour 1 ladder: final configuration vs the fp32 baseline",
-              Target("speed-up", ">=", 10, "x", "the workbook's goal for a GPU node"), 1, _jour1_command, _jour1_parse),
+    Benchmark("jour1_ladder", "Jour 1 ladder: final configuration vs one-GPU fp32 at the ladder's batch",
+              Target("speed-up", ">=", 5, "x", "H100, ResNet-18 CIFAR: bf16 + channels_last at batch 8192 alone gave "
+                     "4.5x the fp32 batch-256 step (shared/gpu-measurements)"), 1, _jour1_command, _jour1_parse,
+              quick_timeout_s=300.0),
     Benchmark("mixcutmix", "batched MixUp/CutMix vs the per-sample loop (slowest kind)",
               Target("speed-up", ">=", 50, "x", "a batched kernel on a GPU"), 1, _mix_command, _mix_parse),
     Benchmark("fsdp_mfu", "FSDP2 on Llama 3.2 3B, bf16, activation checkpointing",
