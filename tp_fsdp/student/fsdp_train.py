@@ -6,7 +6,12 @@ DDP keeps everything (weights, gradients, AdamW states: 16 bytes per parameter, 
 on every GPU. FSDP2 shards all three over the ranks and all-gathers one decoder layer at a time. This script
 trains transformers' LlamaForCausalLM (exact Llama 3.2 3B config, or a small one) on token data from
 ``dlo.data.tokens`` under one of several configurations, and writes one record per configuration and rank:
-tokens/s, MFU, peak memory, the memory the calculator (``dlo.measure.memory``) predicts, the loss trajectory.
+tokens/s, MFU and HFU, peak memory, the memory the calculator (``dlo.measure.memory``) predicts, the loss trajectory.
+
+The levers of a fast step are options too (each one also a key of a ``--runs`` entry): ``--optimizer-impl``
+(AdamW for-loop / foreach / fused), ``--grad-accum N`` (``--accum-sync``, ``--accum-keep-gathered``),
+``--checkpointing {none,full,selective}`` with ``--ac-every k``, ``--loss chunked`` (the 128 k-vocabulary
+logits never held at once); each record says which SDPA kernel ran (``sdpa_backends``).
 
 Run it:
     python fsdp_train.py --model smoke --steps 6                        # one process
@@ -32,7 +37,7 @@ import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
 from dlo.data import tokens
 from dlo.runtime import exit_after_success, expand_runs, init_distributed, pick_device, teardown, write_record
 from dlo.measure import bench
-from dlo.measure.memory import GB, count_parameters, per_gpu_memory
+from dlo.measure.memory import GB, count_parameters, fsdp2_peak_memory, per_gpu_memory
 from dlo.parallel import agreed_timer
 from dlo.parallel import fsdp as ref
 
@@ -162,7 +167,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--strategy", default="fsdp", choices=STRATEGIES)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of decoder layers")
+    p.add_argument("--checkpointing", nargs="?", const="full", default="none", choices=list(ref.AC_MODES),
+                   help="activation checkpointing of decoder layers (alone: full; selective: op-level, keeps matmuls)")
+    p.add_argument("--ac-every", type=int, default=1, help="checkpoint one decoder layer in k (0, k, 2k...)")
+    p.add_argument("--optimizer-impl", default="default", choices=list(ref.OPTIMIZER_IMPLS),
+                   help="AdamW: torch's default, foreach, or fused (one kernel)")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step: each rank's batch is split into this many")
+    p.add_argument("--accum-sync", default="last", choices=list(ref.ACCUM_SYNC),
+                   help="with --grad-accum: reduce gradients after the last micro-batch only, or after every one")
+    p.add_argument("--accum-keep-gathered", action="store_true",
+                   help="FSDP with --grad-accum: keep the gathered weights from one micro-batch to the next")
+    p.add_argument("--loss", default="full", choices=list(ref.LOSS_MODES),
+                   help="full: the tokens x vocab logits at once; chunked: head + cross-entropy chunk by chunk")
+    p.add_argument("--loss-chunk-tokens", type=int, default=1024, help="--loss chunked: tokens per chunk")
     p.add_argument("--no-reshard", action="store_true", help="FSDP: keep gathered weights from forward to backward")
     p.add_argument("--offload", action="store_true", help="FSDP: CPU offload of the sharded state (GPU only)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
@@ -181,6 +199,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def normalise(args) -> argparse.Namespace:
+    """Values a ``--runs`` entry may give in another form: ``"checkpointing": true`` is ``"full"``."""
+    args.checkpointing = ref.checkpoint_mode(args.checkpointing)
+    ref.checkpointed_layers(1, args.checkpointing, args.ac_every)  # checks --ac-every
+    if args.grad_accum < 1:
+        raise ValueError(f"--grad-accum must be >= 1, got {args.grad_accum}")
+    if args.grad_accum > 1 and args.strategy.startswith("zero"):
+        raise ValueError("--grad-accum: DeepSpeed accumulates through its own config; use it with ddp or fsdp")
+    return args
+
+
+def step_options(args) -> dict:
+    """The keyword arguments of ``ref.train_step`` that the levers set."""
+    return {"grad_accum": args.grad_accum, "accum_sync": args.accum_sync,
+            "accum_keep_gathered": args.accum_keep_gathered}
+
+
 def build(args, ctx, device, cfg):
     """The wrapped model, its optimizer and, for DeepSpeed, the engine."""
     if args.offload and args.strategy != "fsdp":
@@ -192,8 +227,12 @@ def build(args, ctx, device, cfg):
         raise ValueError("--compute-only runs the plain model without any communication: no --offload, "
                          "--resume-check or DeepSpeed strategy with it")
     model = ref.build_llama(cfg, model_path=args.model_path, seed=args.seed, device=device)
-    if args.checkpointing:
+    if args.loss == "chunked":
+        ref.use_chunked_loss(model, args.loss_chunk_tokens)
+    if args.checkpointing == "full" and args.ac_every == 1:
         apply_activation_checkpointing(model)
+    elif args.checkpointing != "none":
+        ref.apply_activation_checkpointing(model, args.checkpointing, every=args.ac_every)
     if args.compile:
         compile_layers(model)
     if args.compute_only:  # same model, same per-rank batches, nothing sharded, nothing communicated
@@ -206,7 +245,7 @@ def build(args, ctx, device, cfg):
         model = apply_fsdp(model, mp_policy=mixed_precision_policy(args.precision),
                            reshard_after_forward=not args.no_reshard, offload=offload)
         ref.set_prefetch(model, args.prefetch, depth=args.prefetch_depth)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = ref.build_optimizer(model.parameters(), lr=args.lr, impl=args.optimizer_impl)
     engine = None
     if args.strategy.startswith("zero"):
         config = deepspeed_config(int(args.strategy[-1]), args.global_batch, ctx.world_size, args.precision)
@@ -216,28 +255,58 @@ def build(args, ctx, device, cfg):
 
 def run(args, ctx, device, dataset, name: str) -> dict:
     say = print if ctx.is_main else (lambda *a, **k: None)
+    args = normalise(args)
     cfg = ref.model_config(args.model)
     per_rank = tokens.per_rank_batch(args.global_batch, ctx.world_size)
+    if per_rank % args.grad_accum:
+        raise ValueError(f"--grad-accum {args.grad_accum} must divide the {per_rank} sequences of each rank "
+                         f"(--global-batch {args.global_batch} over {ctx.world_size} processes)")
+    micro = per_rank // args.grad_accum
     strategy_mem = "ddp" if args.compute_only else args.strategy
     predicted = per_gpu_memory(cfg, ctx.world_size, strategy=strategy_mem, precision=ref.memory_precision(args.precision),
-                               batch=per_rank, seq_len=args.seq_len, checkpointing=args.checkpointing)
+                               batch=micro, seq_len=args.seq_len, checkpointing=args.checkpointing != "none")
     record = {"run": name, "strategy": args.strategy, "precision": args.precision, "checkpointing": args.checkpointing,
+              "ac_every": args.ac_every, "optimizer_impl": args.optimizer_impl, "grad_accum": args.grad_accum,
+              "accum_sync": args.accum_sync, "accum_keep_gathered": args.accum_keep_gathered, "loss": args.loss,
+              "loss_chunk_tokens": args.loss_chunk_tokens if args.loss == "chunked" else None,
               "reshard_after_forward": not args.no_reshard, "offload": args.offload, "compile": args.compile,
               "prefetch": None if args.compute_only or args.strategy != "fsdp" else args.prefetch,
               "prefetch_depth": args.prefetch_depth if args.prefetch == "explicit" else None,
               "compute_only": args.compute_only,
               "model": args.model, "n_params": count_parameters(cfg)["total"], "seq_len": args.seq_len,
-              "global_batch": args.global_batch, "per_rank_batch": per_rank, "device": str(device),
+              "global_batch": args.global_batch, "per_rank_batch": per_rank, "micro_batch": micro,
+              "device": str(device), "attn_implementation": "sdpa",
               "predicted_gb": predicted["total"] / GB, "predicted": predicted}
     try:
         model, optimizer, engine = build(args, ctx, device, cfg)
+        record["optimizer_impl_resolved"] = ref.optimizer_impl(optimizer)
+        if args.strategy == "fsdp" and not args.compute_only and not args.offload:
+            peak = fsdp2_peak_memory(cfg, ctx.world_size, batch=micro, seq_len=args.seq_len, precision=args.precision,
+                                     checkpointing=args.checkpointing, ac_every=args.ac_every, loss=args.loss,
+                                     loss_chunk_tokens=args.loss_chunk_tokens,
+                                     optimizer_impl=record["optimizer_impl_resolved"], grad_accum=args.grad_accum,
+                                     accum_sync=args.accum_sync, accum_keep_gathered=args.accum_keep_gathered,
+                                     reshard_after_forward=not args.no_reshard)
+            record.update(predicted=peak, predicted_gb=peak["total"] / GB)
         data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, device=device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         out = ref.train_steps(model, optimizer, data, args.steps, device=device, engine=engine,
-                              warmup=args.warmup_steps)
+                              warmup=args.warmup_steps, **step_options(args))
         record.update(out, status="ok", peak_memory_gb=out["peak_memory_bytes"] / GB)
-        # MFU against the peak of the precision the step computes in (fp32 or bf16), not always bf16's
+        if device.type == "cuda":  # what the caching allocator reserved: allocated peak + fragmentation
+            record["peak_reserved_gb"] = torch.cuda.max_memory_reserved(device) / GB
+        ids, labels = next(ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed,
+                                       device=device))
+        autocast = torch.bfloat16 if args.compute_only and args.precision != "fp32" else None
+        record["sdpa_backends"] = ref.sdpa_backends(lambda: ref.loss_sum(model, ids[:1], labels[:1], engine=engine,
+                                                                          autocast_dtype=autocast))
+        # MFU against the peak of the precision the step computes in (fp32 or bf16), not always bf16's;
+        # HFU also counts the layer forwards that activation checkpointing runs again
         record.update(ref.throughput(cfg, args.seq_len, args.global_batch, out["median_step_s"], device,
-                                     ctx.world_size if device.type == "cuda" else 1, precision=args.precision))
+                                     ctx.world_size if device.type == "cuda" else 1, precision=args.precision,
+                                     recomputed_layers=ref.recomputed_layers(cfg.num_layers, args.checkpointing,
+                                                                             args.ac_every)))
         if args.resume_check:
             record.update(resume_check(args, ctx, device, dataset, cfg, out["losses"]))
         if args.timed_repeats > 0:
@@ -257,10 +326,11 @@ def run(args, ctx, device, dataset, name: str) -> dict:
             f"({record['collective_bytes_per_step'] / 2**20:.2f} MiB) per step"
             + (f", exposed communication {exposed * 1e3:.1f} ms" if exposed is not None else ""))
     if record["status"] == "ok":
-        mfu = f", MFU {record['mfu']:.1%}" if record.get("mfu") is not None else ""
+        mfu = (f", MFU {record['mfu']:.1%}, HFU {record['hfu']:.1%}" if record.get("mfu") is not None else "")
         say(f"[{name}] loss {record['losses'][0]:.3f} -> {record['losses'][-1]:.3f}, "
             f"{record['tokens_per_s']:,.0f} tokens/s{mfu}, peak {record['peak_memory_gb']:.2f} GB "
-            f"({record['memory_kind']}), predicted {record['predicted_gb']:.2f} GB")
+            f"({record['memory_kind']}), predicted {record['predicted_gb']:.2f} GB; AdamW "
+            f"{record['optimizer_impl_resolved']}, SDPA {'/'.join(record['sdpa_backends']) or 'none'}")
     else:
         say(f"[{name}] out of memory (predicted {record['predicted_gb']:.1f} GB per rank)")
     return record
@@ -283,7 +353,7 @@ def steady_timing(args, ctx, device, dataset, name: str, model, optimizer, engin
 
     def step():
         ids, labels = next(data)
-        ref.train_step(model, optimizer, ids, labels, engine=engine, autocast_dtype=autocast)
+        ref.train_step(model, optimizer, ids, labels, engine=engine, autocast_dtype=autocast, **step_options(args))
 
     with ref.CollectiveCounter() as counter:
         step()
@@ -295,7 +365,8 @@ def steady_timing(args, ctx, device, dataset, name: str, model, optimizer, engin
            "collective_count_per_step": sum(c["count"] for c in collectives.values()),
            "collective_bytes_per_step": sum(c["bytes"] for c in collectives.values()),
            "exposed_comm_s": None, "exposed_comm_low_s": None, "exposed_comm_high_s": None, "baseline_run": None}
-    key = (args.model, args.seq_len, args.global_batch, args.precision, args.checkpointing, args.compile)
+    key = (args.model, args.seq_len, args.global_batch, args.precision, args.checkpointing, args.ac_every, args.compile,
+           args.loss, args.grad_accum, args.optimizer_impl)
     if args.compute_only:
         _BASELINES[key] = m
     elif key in _BASELINES:
@@ -317,13 +388,15 @@ def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict
         folder = Path(box[0])
     model, optimizer, _ = build(args, ctx, device, cfg)
     data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, device=device)
-    first = ref.train_steps(model, optimizer, data, half, device=device, track_memory=False)["losses"]
+    first = ref.train_steps(model, optimizer, data, half, device=device, track_memory=False,
+                            **step_options(args))["losses"]
     save_checkpoint(folder / "ckpt", model, optimizer, half)
     model, optimizer, _ = build(argparse.Namespace(**{**vars(args), "seed": args.seed + 1}), ctx, device, cfg)
     step = load_checkpoint(folder / "ckpt", model, optimizer)
     data = ref.batches(dataset, args.global_batch, ctx.rank, ctx.world_size, seed=args.seed, start_step=step,
                        device=device)
-    rest = ref.train_steps(model, optimizer, data, args.steps - step, device=device, track_memory=False)["losses"]
+    rest = ref.train_steps(model, optimizer, data, args.steps - step, device=device, track_memory=False,
+                           **step_options(args))["losses"]
     if ctx.is_distributed:
         dist.barrier()
     if ctx.is_main:
