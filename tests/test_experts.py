@@ -7,7 +7,9 @@ loss against hand computations; the statistics; :func:`moe_llama` leaves the den
 launches (:mod:`dlo.parallel.experts_worker`): 2 processes (ep=2, E=4 and E=6: three experts per rank), 3
 processes (ep=3, E=6) and 4 processes as two expert-parallel groups of 2 (ep=2 inside each data-parallel
 replica), each comparing outputs, aux loss, statistics and gradients with one process on the same global batch,
-and counting the ``all_to_all_single`` calls of every forward and backward.
+and counting the ``all_to_all_single`` calls of every forward and backward. Two more launches (2 and 3 processes)
+put empty tensors in the exchanges, as a skewed router does in training: a rank with no token (it sends
+nothing), a rank whose experts no token chooses (it receives nothing), both on one rank.
 """
 from __future__ import annotations
 
@@ -171,6 +173,38 @@ def test_expert_parallel_without_a_process_group_is_the_reference():
     assert ep.comm["forward_tokens_bytes_sent"] == kept * 8 * 8  # rows of 8 float64
 
 
+def test_expert_parallel_on_an_empty_batch_takes_part_with_empty_tensors():
+    """A rank with no token still makes every exchange, forward and backward, with empty tensors."""
+    ref = X.MoEFeedForward(8, 12, 4, 2, capacity_factor=0.75, seed=3).double()
+    ep = X.ExpertParallelMoE(ref)
+    x = torch.empty(0, 5, 8, dtype=torch.float64, requires_grad=True)
+    out = ep(x)
+    assert out.shape == x.shape and float(ep.aux_loss.detach()) == 0.0
+    (out.sum() + ep.aux_loss).backward()
+    assert x.grad.shape == x.shape and float(ep.router.weight.grad.abs().sum()) == 0.0
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in ep.experts.parameters())
+    assert ep.comm == {"counts": 1, "counts_bytes_sent": 32, "forward_tokens": 1, "forward_tokens_bytes_sent": 0,
+                       "forward_tokens_back": 1, "forward_tokens_back_bytes_sent": 0, "backward_tokens_back": 1,
+                       "backward_tokens_back_bytes_sent": 0, "backward_tokens": 1, "backward_tokens_bytes_sent": 0}
+    assert ep.stats["tokens"] == 0 and ep.stats["tokens_per_expert"] == [0, 0, 0, 0]
+
+
+def test_uneven_groups_and_replicated_grads_in_one_process():
+    assert X.group_sizes(10, [4, 0, 6]) == [4, 0, 6]
+    with pytest.raises(ValueError, match="summing to the 10 tokens"):
+        X.group_sizes(10, [4, 4])
+    ref = X.MoEFeedForward(8, 12, 4, 1, capacity_factor=1.0, seed=3).double()
+    x = torch.randn(12, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # groups of 12 and 0 tokens: the capacity of one group of 12
+        torch.testing.assert_close(ref(x, groups=[12, 0]), ref(x, groups=1), rtol=0, atol=0)
+        torch.testing.assert_close(ref(x, groups=[0, 6, 6]), ref(x, groups=2), rtol=0, atol=0)
+    ep = X.ExpertParallelMoE(ref)
+    ep(x).sum().backward()
+    before = ep.router.weight.grad.clone()
+    assert X.sum_replicated_grads(ep) == ["router.weight"]  # the experts are not replicated: left alone
+    assert torch.equal(ep.router.weight.grad, before)  # no process group: nothing to sum
+
+
 def test_all_to_all_bytes():
     assert X.all_to_all_bytes([[3, 5], [2, 4]], 16, 4) == (5 + 2) * 16 * 4
     assert X.all_to_all_bytes([[3, 5], [2, 4]], 16, 4, include_self=True) == 14 * 16 * 4
@@ -202,8 +236,8 @@ def test_moe_llama_swaps_the_mlps_and_leaves_the_dense_model_alone():
 # ----------------------------------------------------------------------------------------------------
 # Real processes
 # ----------------------------------------------------------------------------------------------------
-def _run(nproc: int, args: list[str], tmp_path_factory) -> list[dict]:
-    return launch_forked(experts_worker.__file__, args, nproc=nproc, timeout_s=560,
+def _run(nproc: int, args: list[str], tmp_path_factory, timeout_s: float = 560) -> list[dict]:
+    return launch_forked(experts_worker.__file__, args, nproc=nproc, timeout_s=timeout_s,
                   records_dir=tmp_path_factory.mktemp(f"ep{nproc}"), env={"OMP_NUM_THREADS": "1"})
 
 
@@ -221,6 +255,21 @@ def three(tmp_path_factory):
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     return _run(4, ["--ep", "2", "--configs", "6:2:0.75,4:1:none", "--llama"], tmp_path_factory)
+
+
+# E:k:capacity_factor:sequences of each rank:the rank whose experts no token chooses (see experts_worker)
+EMPTY_2 = "4:2:none:3/0:1,4:1:1.0:0/3:1,6:2:0.75:2/2:0"  # rank 1 idle; rank 0 sends nothing; rank 0 gets nothing
+EMPTY_3 = "6:2:none:2/3/0:1,6:1:1.0:0/2/2:2,6:2:0.75:0/0/3:-"
+
+
+@pytest.fixture(scope="module")
+def two_empty(tmp_path_factory):  # a rank that dies on an empty tensor fails the launch within seconds
+    return _run(2, ["--configs", EMPTY_2, "--dtypes", "float32,float64", "--seq", "6"], tmp_path_factory, 240)
+
+
+@pytest.fixture(scope="module")
+def three_empty(tmp_path_factory):
+    return _run(3, ["--configs", EMPTY_3, "--seq", "6"], tmp_path_factory, 240)
 
 
 def _check(records: list[dict], world: int, ep: int, configs: int) -> None:
@@ -281,5 +330,42 @@ def test_moe_llama_expert_parallel_equals_one_process(two, four):
     for records, world in ((two, 2), (four, 4)):
         llama = [r for r in records if r["case"] == "llama"]
         assert len(llama) == world
-        for r in llama:
-            assert max(r["logits"], r["aux"], r["dembed"]) <= TOL, r
+        for r in llama:  # every replicated weight's gradient summed over the group, the experts' whole on their rank
+            assert max(r["logits"], r["aux"], r["dembed"], r["dreplicated"], r["drouters"], r["dexperts"]) <= TOL, r
+            assert r["replicated"] > 10
+
+
+def _empty_cases(records: list[dict], ep: int) -> set[str]:
+    """What the empty exchanges of the records were: a rank that sent no token, received none, an idle expert."""
+    seen = set()
+    compare = [r for r in records if r["case"] == "compare"]
+    for key in {(r["experts"], r["top_k"], r["capacity_factor"], r["dtype"]) for r in compare}:
+        group = sorted((r for r in compare if (r["experts"], r["top_k"], r["capacity_factor"], r["dtype"]) == key),
+                       key=lambda r: r["group_rank"])
+        sent = [r["calls"][1]["rows"] for r in group]
+        for rank in range(ep):
+            if sum(sent[rank]) == 0:
+                seen.add("sends nothing")
+            if sum(sent[s][rank] for s in range(ep)) == 0:
+                seen.add("receives nothing")
+            if sum(sent[rank]) == 0 and sum(sent[s][rank] for s in range(ep)) == 0:
+                seen.add("idle")
+        if 0 in group[0]["stats"]["kept_per_expert"]:
+            seen.add("expert without a token")
+        if group[0]["starve"] is not None:
+            starved = X.experts_of(group[0]["starve"], group[0]["experts"], ep)
+            assert all(group[0]["stats"]["tokens_per_expert"][e] == 0 for e in starved), group[0]["stats"]
+    return seen
+
+
+@distributed
+def test_expert_parallel_with_empty_tensors_on_2_processes_equals_one_process(two_empty):
+    _check(two_empty, 2, 2, 3 * 2)
+    assert _empty_cases(two_empty, 2) == {"sends nothing", "receives nothing", "idle", "expert without a token"}
+
+
+@distributed
+def test_expert_parallel_with_empty_tensors_on_3_processes_equals_one_process(three_empty):
+    _check(three_empty, 3, 3, 3)
+    assert _empty_cases(three_empty, 3) == {"sends nothing", "receives nothing", "expert without a token"}
+    assert [r["local_tokens"] for r in three_empty if r["case"] == "compare" and r["rank"] == 2] == [0, 12, 18]

@@ -46,10 +46,26 @@ takes part, with empty tensors):
 Backward runs the two token exchanges in reverse (one ``all_to_all_single`` each): 2 exchanges of tokens
 forward, 2 backward, plus the counts. The capacity is applied per rank, before the dispatch (a rank's tokens
 are its group), so expert parallelism over ``ep`` ranks equals :class:`MoEFeedForward` on the whole batch
-with ``groups=ep``. Gradients: the experts' are complete on the rank that holds them (the tokens of every
-rank reached them); the router is replicated and each rank holds the gradient of its own tokens: **sum** it
-over the group (a data-parallel all-reduce does it). The aux loss returned on each rank has the value of
-the whole batch's loss and the gradient of this rank's share, so that the summed gradients are exact.
+with ``groups=ep`` (or the list of the ranks' token counts when they differ).
+
+**Gradients across the group.** Write each rank's loss as its *share* of the whole batch's loss: the terms of
+its own tokens, normalised by the whole group's token count (a sum over its tokens, or its mean times its
+fraction of the batch), not by its own. The aux loss returned on each rank is such a share: the value of the
+whole batch's loss, the gradient of this rank's tokens. Then:
+
+* the experts' gradients are complete on the rank that holds them (the backward exchanges bring them the
+  gradient of every rank's tokens): they are not reduced over the group (the other ranks hold other experts);
+* the router (and in a model every other replicated weight: attention, norms, embeddings) holds on each rank
+  the gradient of that rank's share only: **sum** it over the group, ``all_reduce`` with ``ReduceOp.SUM``
+  (:func:`sum_replicated_grads` does it for every weight that is not an expert).
+
+Not an averaging all-reduce: torch's DDP, :mod:`dlo.parallel.ddp`'s hook and ``reduce_mean`` **divide** the
+sum by the world size, which leaves the router with ``1/ep`` of its gradient while the experts keep theirs
+whole (and DDP over the whole model would average different experts together). DDP's own convention, each
+rank's loss the mean of its own tokens, gives the same factor the other way round (equal batches): the router is
+right, the experts' gradients are ``ep`` times too large. With data-parallel replicas of an expert-parallel
+group (``world = dp · ep``, each replica its own batch), sum over the group first, then average the same weights
+over the replicas, experts included.
 
 :func:`moe_llama` swaps the MLP of every block of a :class:`dlo.models.llama.Llama` for a MoE (the dense
 model is untouched unless it is called), and :func:`moe_aux_loss` adds up the blocks' aux losses.
@@ -58,7 +74,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -80,8 +96,14 @@ def load_balancing_loss(router_probs: torch.Tensor, expert_index: torch.Tensor, 
     return num_experts * (f * router_probs.mean(0)).sum()
 
 
-def group_sizes(n: int, groups: int) -> list[int]:
-    """Sizes of ``groups`` consecutive groups of ``n`` tokens (the first ones one larger when uneven)."""
+def group_sizes(n: int, groups: int | Sequence[int]) -> list[int]:
+    """Sizes of ``groups`` consecutive groups of ``n`` tokens (the first ones one larger when uneven). A list of
+    sizes (one per rank, zeros allowed, summing to ``n``) is returned as it is: ranks with uneven batches."""
+    if isinstance(groups, (list, tuple)):
+        sizes = list(groups)
+        if not sizes or not all(isinstance(s, int) and s >= 0 for s in sizes) or sum(sizes) != n:
+            raise ValueError(f"group sizes must be non-negative integers summing to the {n} tokens, got {groups!r}")
+        return sizes
     if not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be a positive integer, got {groups!r}")
     return [n // groups + (1 if g < n % groups else 0) for g in range(groups)]
@@ -119,7 +141,8 @@ class MoEFeedForward(nn.Module):
     ``forward(x)`` takes ``[..., hidden]`` and returns the same shape; after it, ``.aux_loss`` holds the
     load-balancing loss of the batch (differentiable) and ``.stats`` the routing statistics. ``groups``: the
     tokens (flattened in order) are cut into that many consecutive groups for the capacity (``groups=ep``
-    reproduces expert parallelism over ``ep`` ranks). ``seed``: weights drawn like Llama's (normal, std
+    reproduces expert parallelism over ``ep`` ranks with as many tokens each; a list of sizes, ranks with uneven
+    batches, a rank with none included). ``seed``: weights drawn like Llama's (normal, std
     ``init_std``), so that every process builds the same MoE."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int = 2, *,
@@ -160,7 +183,7 @@ class MoEFeedForward(nn.Module):
         self.aux_loss = e * (f * probs_sum / max(1, n)).sum()
         self.stats = _stats(counts, kept, dropped, dropped_tokens, n, cap)
 
-    def forward(self, x: torch.Tensor, groups: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, groups: int | Sequence[int] | None = None) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         n = x.shape[0]
@@ -217,7 +240,7 @@ def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], grou
         out = x.clone()
     if comm is not None:
         comm[what] = comm.get(what, 0) + 1
-        row = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
+        row = math.prod(x.shape[1:]) * x.element_size()  # from the shape: x may have no row on this rank
         comm[f"{what}_bytes_sent"] = comm.get(f"{what}_bytes_sent", 0) + row * sum(in_splits)
     return out
 
@@ -310,6 +333,31 @@ class ExpertParallelMoE(nn.Module):
         return out.reshape(shape)
 
 
+def sum_replicated_grads(model: nn.Module, group: Any = None) -> list[str]:
+    """Sum over the expert-parallel ``group`` (``None``: the default group) the gradient of every parameter of
+    ``model`` that is not an expert of an :class:`ExpertParallelMoE`: the routers, and in a model the other
+    replicated weights. Each rank holds the gradient of its own share of the loss (see the module docstring);
+    the sum is the whole batch's. The experts' gradients are left as they are: complete on their rank.
+
+    One ``all_reduce`` (``ReduceOp.SUM``) per dtype, every rank calling it with the same parameters in the same
+    order; a parameter with no gradient on this rank takes part as zeros (and gets the sum). Without a process
+    group it changes nothing. Returns the names of the parameters summed."""
+    experts = {id(p) for m in model.modules() if isinstance(m, ExpertParallelMoE) for p in m.experts.parameters()}
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad and id(p) not in experts]
+    if dist.is_available() and dist.is_initialized():
+        for dtype in dict.fromkeys(p.dtype for _, p in named):
+            params = [p for _, p in named if p.dtype == dtype]
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+            with torch.no_grad():
+                for p, g in zip(params, flat.split([p.numel() for p in params])):
+                    if p.grad is None:
+                        p.grad = g.view_as(p).clone()
+                    else:
+                        p.grad.copy_(g.view_as(p))
+    return [name for name, _ in named]
+
+
 def all_to_all_bytes(send_counts: list[list[int]], hidden_size: int, element_size: int,
                      include_self: bool = False) -> int:
     """Bytes of tokens one forward's dispatch moves between ranks: ``send_counts[s][d]`` tokens from rank ``s``
@@ -349,5 +397,5 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor:
 
 __all__ = [
     "load_balancing_loss", "group_sizes", "capacity", "keep_mask", "MoEFeedForward", "experts_of",
-    "ExpertParallelMoE", "all_to_all_bytes", "moe_llama", "moe_aux_loss",
+    "ExpertParallelMoE", "sum_replicated_grads", "all_to_all_bytes", "moe_llama", "moe_aux_loss",
 ]

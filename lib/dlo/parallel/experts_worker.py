@@ -9,6 +9,11 @@ loss, the statistics, the gradients of its tokens, of its experts and of the rou
 Every call of ``torch.distributed.all_to_all_single`` is logged with the phase it ran in (forward or
 backward), its dtype and the bytes it moved to other ranks. One record per rank and configuration
 (``E:k:capacity_factor``); ``--llama`` adds a 2-layer MoE Llama, expert-parallel, against one process.
+
+A configuration may go on with ``:batches`` (sequences of each group rank, ``/``-separated, zeros allowed: a rank
+with no token) and ``:starve`` (a group rank whose experts no token chooses: the router's weights push them to
+the bottom, so that rank receives nothing), e.g. ``4:2:none:3/0:1``. The replicated weights' gradients are
+summed over the group with :func:`~dlo.parallel.experts.sum_replicated_grads`.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ import torch.distributed as dist
 
 from dlo.models.config import TINY_LLAMA
 from dlo.models.llama import Llama, lm_loss, token_batch
-from dlo.parallel.experts import ExpertParallelMoE, MoEFeedForward, experts_of, group_sizes, moe_aux_loss, moe_llama
+from dlo.parallel.experts import (ExpertParallelMoE, MoEFeedForward, experts_of, group_sizes, moe_aux_loss, moe_llama,
+                                  sum_replicated_grads)
 from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -43,24 +49,38 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
 
 
-def _parse(config: str) -> tuple[int, int, float | None]:
-    e, k, cf = config.split(":")
-    return int(e), int(k), None if cf == "none" else float(cf)
+def _parse(config: str) -> tuple[int, int, float | None, list[int] | None, int | None]:
+    """``E:k:capacity_factor[:batches[:starve]]`` (see the module docstring)."""
+    e, k, cf, *rest = config.split(":")
+    batches = [int(b) for b in rest[0].split("/")] if rest and rest[0] not in ("", "-") else None
+    starve = int(rest[1]) if len(rest) > 1 and rest[1] not in ("", "-") else None
+    return int(e), int(k), None if cf == "none" else float(cf), batches, starve
 
 
 def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int, capacity_factor: float | None,
             hidden: int, inter: int, batch: int, seq: int, dtype: torch.dtype, seed: int,
+            batches: list[int] | None = None, starve: int | None = None,
             device: torch.device = torch.device("cpu")) -> dict:
+    """``batches``: sequences of each group rank (default: ``batch`` cut evenly); ``starve``: a group rank whose
+    experts get no token."""
+    sizes = list(batches) if batches is not None else group_sizes(batch, ep)
+    if len(sizes) != ep:
+        raise ValueError(f"batches {batches} must give one size per rank of the group ({ep})")
+    batch = sum(sizes)
     ref = MoEFeedForward(hidden, inter, experts, top_k, capacity_factor=capacity_factor, seed=seed).to(device, dtype)
     g = torch.Generator().manual_seed(seed * 7 + replica)  # drawn on the CPU: the same numbers on any device
     x = (torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(dtype) * 4).to(device)
     w = torch.randn(batch, seq, hidden, generator=g, dtype=torch.float64).to(device, dtype)
+    if starve is not None:  # a constant feature that the router's row of every starved expert weighs -30
+        x[..., 0] = 1.0
+        with torch.no_grad():
+            ref.router.weight[list(experts_of(starve, experts, ep)), 0] = -30.0
     mine = ExpertParallelMoE(ref, group)
     ref_x = x.clone().requires_grad_()
-    ref_out = ref(ref_x, groups=ep)
+    ref_out = ref(ref_x, groups=[s * seq for s in sizes])
     ((ref_out * w).sum() + 0.5 * ref.aux_loss).backward()
-    lo = sum(group_sizes(batch, ep)[:rank])
-    hi = lo + group_sizes(batch, ep)[rank]
+    lo = sum(sizes[:rank])
+    hi = lo + sizes[rank]
     my_x = x[lo:hi].clone().requires_grad_()
     CALLS.clear()
     PHASE[0] = "forward"
@@ -68,8 +88,9 @@ def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int
     PHASE[0] = "backward"
     ((out * w[lo:hi]).sum() + 0.5 * mine.aux_loss).backward()
     PHASE[0] = "forward"
-    router_grad = mine.router.weight.grad.clone()
-    dist.all_reduce(router_grad, group=group)  # the router is replicated: its gradient is summed over the group
+    # the router is replicated, each rank holding its tokens' share of the gradient: summed over the group
+    assert sum_replicated_grads(mine, group) == ["router.weight"]
+    router_grad = mine.router.weight.grad
     local = experts_of(rank, experts, ep)
     expert_err = max(_err(p.grad, q.grad) for j, e in enumerate(local)
                      for p, q in zip(mine.experts[j].parameters(), ref.experts[e].parameters()))
@@ -77,6 +98,7 @@ def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int
                                                               "dropped", "dropped_tokens", "imbalance"))
     return {"case": "compare", "experts": experts, "top_k": top_k, "capacity_factor": capacity_factor,
             "ep": ep, "replica": replica, "group_rank": rank, "dtype": str(dtype).replace("torch.", ""),
+            "batches": sizes, "starve": starve,
             "hidden": hidden, "local_tokens": (hi - lo) * seq, "local_experts": list(local),
             "out": _err(out, ref_out[lo:hi]), "aux": abs(float(mine.aux_loss.detach()) - float(ref.aux_loss.detach())),
             "aux_loss": float(ref.aux_loss.detach()), "dx": _err(my_x.grad, ref_x.grad[lo:hi]),
@@ -101,12 +123,20 @@ def llama_case(group, ep: int, rank: int, replica: int, seed: int, device: torch
     lo, hi = rank * 2, rank * 2 + 2
     logits = mine(tokens[lo:hi])
     (lm_loss(logits, labels[lo:hi]) * 2 + 0.01 * moe_aux_loss(mine)).backward()
-    grad = mine.embed_tokens.weight.grad.clone()
-    dist.all_reduce(grad, group=group)  # replicated weights: gradients summed over the group
+    replicated = sum_replicated_grads(mine, group)  # embeddings, attention, norms, routers: summed over the group
+    want = dict(ref.named_parameters())
+    experts = [(p, want[f"layers.{i}.mlp.experts.{e}.{name}"])
+               for i, block in enumerate(mine.layers) for j, e in enumerate(block.mlp.local)
+               for name, p in block.mlp.experts[j].named_parameters()]
     return {"case": "llama", "ep": ep, "replica": replica, "group_rank": rank,
             "logits": _err(logits, ref_logits[lo:hi]),
             "aux": abs(float(moe_aux_loss(mine).detach()) - float(moe_aux_loss(ref).detach())),
-            "dembed": _err(grad, ref.embed_tokens.weight.grad)}
+            "dembed": _err(mine.embed_tokens.weight.grad, ref.embed_tokens.weight.grad),
+            "dreplicated": max(_err(p.grad, want[name].grad) for name, p in mine.named_parameters()
+                               if name in replicated),
+            "drouters": max(_err(p.grad, want[name].grad) for name, p in mine.named_parameters()
+                            if name.endswith("mlp.router.weight")),
+            "dexperts": max(_err(p.grad, q.grad) for p, q in experts), "replicated": len(replicated)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,11 +164,12 @@ def main(argv: list[str] | None = None) -> None:
         group = groups[me // ep] if ep < world else None
         replica, rank = me // ep, me % ep
         for config in args.configs.split(","):
-            experts, top_k, cf = _parse(config)
+            experts, top_k, cf, batches, starve = _parse(config)
             for dtype in args.dtypes.split(","):
                 write_record(compare(group, ep, rank, replica, experts=experts, top_k=top_k, capacity_factor=cf,
                                      hidden=args.hidden, inter=args.inter, batch=args.batch_per_rank * ep,
-                                     seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k, device=device))
+                                     seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k,
+                                     batches=batches, starve=starve, device=device))
         if args.llama:
             write_record(llama_case(group, ep, rank, replica, seed=3, device=device))
         dist.barrier()
