@@ -37,10 +37,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q $$(grep -E '^(torch|torchvision)==' requirements.txt)
 	$(PY) -m pip install -q --no-build-isolation -r requirements.txt
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	$(PY) -m ipykernel install --sys-prefix --name dlo --display-name "Python (dlo)" >/dev/null
+	$(KERNEL_INSTALL) --sys-prefix >/dev/null
 	touch $@
 
+# The kernel 'Python (dlo)' runs with the venv's bin first on PATH, so that `!dlo hint ...` in a notebook finds the
+# course's command even when the Jupyter that starts the kernel is not the venv's (a JupyterHub). `${PATH}` is
+# filled in by Jupyter when it starts the kernel. `make install` registers it again (an older venv's spec had no PATH).
+VENV_BIN = $(abspath $(VENV))/bin
+KERNEL_INSTALL = $(PY) -m ipykernel install --name dlo --display-name "Python (dlo)" --env PATH '$(VENV_BIN):$${PATH}'
+
 install: $(STAMP)
+	$(KERNEL_INSTALL) --sys-prefix >/dev/null
 
 run: $(STAMP)
 	$(VENV)/bin/dlo run Jour1/jour1.ipynb --profile $(PROFILE)
@@ -139,8 +146,9 @@ student: $(STAMP)
 check-student: $(STAMP)
 	$(VENV)/bin/dlo student --check
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab
+# JupyterLab's terminals and `!` commands inherit its PATH: the venv's bin first, so `dlo hint ...` works there.
+lab: install
+	PATH='$(VENV_BIN)':"$$PATH" $(VENV)/bin/jupyter lab
 
 clean:
 	rm -rf runs .cache .pytest_cache
