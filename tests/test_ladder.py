@@ -388,3 +388,21 @@ def test_no_headline_ratio_when_the_final_comparison_is_not_steady():
     assert s["final_sentence"].startswith("No ratio reported for the final configuration (retry: 2 + bf16 at batch "
                                           "8192, batch 8192) against the fp32 baseline on this device (1 GPU fp32, "
                                           "batch 256): the warm-up of 1 GPU fp32 did not reach steady timings")
+
+
+def test_when_the_sweep_batch_was_not_kept_retries_are_timed_against_the_best_at_its_own_batch():
+    """The batch step gave nothing beyond the noise (fp32 as fast at 8192 as at 256), so the best configuration
+    stays at 256; bf16 re-tried at 8192 is timed against it (images per second compare across batches)."""
+    def flat(config, batch):
+        return 128.0 if config["device"] == "cpu" else 15_000.0 * (
+            1.8 if config.get("dtype") == "bf16" and batch > SMALL else 1.0)
+
+    lad, make_call, dev = climb(flat)
+    assert lad.rows[-1]["decision"] == "not faster beyond noise" and lad.best()["step"] == "1 GPU fp32"
+    bf16 = lad.retry(make_call, LARGE, device=dev, **OPTS)[0]
+    assert bf16["reference"]["name"] == "1 GPU fp32" and bf16["kept"]
+    assert bf16["conclusion"].endswith("at batch 8192 (27,000 vs 15,000 img/s, medians; the noise bands do not "
+                                       "overlap; the best configuration so far, timed with it, ran at batch 256).")
+    lad.final_comparison(**OPTS)
+    s = lad.summary()
+    assert s["final_batch_size"] == LARGE and s["final_speedup"] == pytest.approx(1.8)

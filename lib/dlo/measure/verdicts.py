@@ -145,13 +145,16 @@ def _outcome(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, A
 
 def retry_sentence(a: Measurement | Mapping[str, Any], b: Measurement | Mapping[str, Any], *,
                    first: Mapping[str, Any], first_reference: Mapping[str, Any], label: str,
-                   first_batch: int | None, batch: int) -> str:
+                   first_batch: int | None, batch: int, reference_batch: int | None = None) -> str:
     """A step tried at ``first_batch`` (``first`` against ``first_reference``, timed together) and tried again
-    at ``batch`` (``a`` against ``b``): one sentence with both outcomes, written from the numbers, e.g. "bf16
-    autocast was not faster beyond the noise at batch 256 (16,477 vs 15,715 img/s, medians), but 1.8x faster at
-    batch 8192 (66,146 vs 36,013 img/s, medians; the noise bands do not overlap)." """
+    at ``batch`` (``a`` against ``b``, the best configuration so far, which ran at ``reference_batch``): one
+    sentence with both outcomes, written from the numbers, e.g. "bf16 autocast was not faster beyond the noise
+    at batch 256 (16,477 vs 15,715 img/s, medians), but 1.8x faster at batch 8192 (66,146 vs 36,013 img/s,
+    medians; the noise bands do not overlap)." """
     k1, v1, n1 = _outcome(first, first_reference)
     k2, v2, n2 = _outcome(a, b)
+    if reference_batch is not None and reference_batch != batch and k2 != "unsteady":
+        n2 += f"; the best configuration so far, timed with it, ran at batch {reference_batch}"
     link = "but" if k2 == "faster" and k1 != "faster" else "and still" if k1 == k2 else "and"
     return f"{label} was {v1} at batch {first_batch} ({n1}), {link} {v2} at batch {batch} ({n2})."
 
@@ -357,9 +360,9 @@ class Ladder:
 
         ``make_call(config, batch)`` builds one training step of ``config`` at ``batch`` (a fresh model, a
         batch of that size) and returns a call without arguments. Each retry is timed interleaved with the best
-        configuration so far at ``batch`` (the kept row's call when it is at that batch; else that
-        configuration, built by ``make_call``) and kept only beyond the noise, as any step; a kept retry is the
-        base of the next one. Returns the new rows: ``step`` "retry: <step> at batch <batch>", ``retry_of``,
+        configuration so far (its own call: at ``batch`` once the ladder kept that batch, else at the batch it
+        was kept at; throughputs per image compare across batches) and kept only beyond the noise, as any step;
+        a kept retry is the best configuration for the next one. Returns the new rows: ``step`` "retry: <step> at batch <batch>", ``retry_of``,
         ``first_batch``, ``retry_why`` ("re-tried at batch 8192: not faster beyond the noise at batch 256") and
         ``conclusion`` (:func:`retry_sentence`, both outcomes). Steps named in ``skip`` get a row saying why
         they were not re-tried; a retry that raises one of ``errors`` (out of memory) gets a "failed" row.
@@ -372,7 +375,6 @@ class Ladder:
         items = items_per_call if items_per_call is not None else batch
         opts = dict(repeats=repeats, warmup=warmup, unit=unit, track_memory=track_memory, progress=progress,
                     timer=timer)
-        reference: Candidate | None = None
         new_rows = []
         done = {r["retry_of"] for r in self.rows if r.get("retry_of") and r.get("batch_size") == batch}
         for first in self.dropped():
@@ -390,8 +392,10 @@ class Ladder:
                 self.rows.append(row)
                 new_rows.append(row)
                 continue
-            if reference is None:
-                reference = self._reference_at(batch, make_call, items, device)
+            best = self.best()
+            if best is None or best["step"] not in self._calls:
+                raise ValueError("the best step so far was recorded without its call: measure it with try_step")
+            reference = self._calls[best["step"]]
             config = {**self.current, **first["change"], "batch_size": batch}
             cand = Candidate(name, make_call(config, batch), items, str(device))
             try:
@@ -410,26 +414,13 @@ class Ladder:
             row.update(info)
             row["conclusion"] = retry_sentence(ms[name], ms[reference.name], first=first,
                                                first_reference=first.get("reference") or first,
-                                               label=first["step"], first_batch=first_batch, batch=batch)
+                                               label=first["step"], first_batch=first_batch, batch=batch,
+                                               reference_batch=best.get("batch_size"))
             self._calls[name] = cand
-            if row["kept"]:
-                reference = cand
             new_rows.append(row)
         if not new_rows:
             print(f"nothing to re-try at batch {batch}: every step is in the configuration or was tried at that batch")
         return new_rows
-
-    def _reference_at(self, batch: int, make_call: Callable[[dict[str, Any], int], Callable[[], Any]], items: int,
-                      device: torch.device | str) -> Candidate:
-        """The best configuration so far as a call at ``batch``: the kept row's own call when it ran at that
-        batch, else that configuration built again at ``batch``."""
-        best = self.best()
-        if best is None:
-            raise ValueError("the ladder has no measured step yet")
-        if best.get("batch_size") == batch and best["step"] in self._calls:
-            return self._calls[best["step"]]
-        name = f"{best['step']} at batch {batch}"
-        return Candidate(name, make_call({**self.current, "batch_size": batch}, batch), items, str(device))
 
     # ----------------------------------------------------------------------------------------------
     # The headline
