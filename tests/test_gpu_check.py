@@ -69,8 +69,22 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
                                virtual=parsed.virtual) is None
             assert (parsed.pp, parsed.tp) == ((2, 2) if gpus >= 4 else (1, 2))
         elif bench.name == "fsdp_mfu":
+            from dlo.measure.memory import GB, fsdp2_peak_memory
+            from dlo.parallel.fsdp import MODEL_CONFIGS
+
             assert parsed.model == "llama-3.2-3b" and parsed.precision == "bf16"
-            assert parsed.global_batch % gpus == 0
+            assert parsed.global_batch % (gpus * parsed.grad_accum) == 0
+            micro = parsed.global_batch // (gpus * parsed.grad_accum)
+            assert (micro, parsed.seq_len, parsed.grad_accum) == (2, 2048, 8)  # 2 x 2048 tokens, 8 per step
+            assert (parsed.checkpointing, parsed.loss, parsed.optimizer_impl, parsed.compile) == \
+                ("selective", "chunked", "fused", True)
+            # what the memory calculator predicts for this very command fits an 80 GB H100 with room to spare
+            peak = fsdp2_peak_memory(MODEL_CONFIGS[parsed.model], gpus, batch=micro, seq_len=parsed.seq_len,
+                                     precision=parsed.precision, checkpointing=parsed.checkpointing,
+                                     loss=parsed.loss, loss_chunk_tokens=parsed.loss_chunk_tokens,
+                                     optimizer_impl=parsed.optimizer_impl, grad_accum=parsed.grad_accum,
+                                     accum_sync=parsed.accum_sync)
+            assert peak["total"] < 70 * GB, (gpus, peak["total"] / GB)
 
 
 def test_the_dry_runs_are_the_full_commands_of_a_2_gpu_node_with_only_sizes_shrunk(tmp_path):
