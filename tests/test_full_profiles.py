@@ -493,6 +493,27 @@ def v_fsdp(rep: Report, nb: str) -> None:
                 rep.call(key, gpus, script.deepspeed_config, int(a.strategy[-1]), a.global_batch, n, a.precision)
             rep.require(not (a.strategy == "ddp" and a.precision != "fp32"), key, gpus,
                         f"{name}: the script runs DDP in fp32 only")
+        # the levers' launch (one more lever per run), as the notebook builds it, compile included (a GPU node)
+        one_batch = S["levers_micro_batch"] * n
+        accum = dict(grad_accum=S["levers_accum"], global_batch=one_batch * S["levers_accum"],
+                     accum_sync="every" if n == 1 else "last")
+        chunked = dict(loss="chunked", loss_chunk_tokens=S["levers_chunk_tokens"])
+        levers = [dict(checkpointing="full", global_batch=one_batch),
+                  dict(checkpointing="full", global_batch=one_batch, optimizer_impl="fused"),
+                  dict(checkpointing="full", optimizer_impl="fused", **accum),
+                  dict(checkpointing="full", optimizer_impl="fused", **accum, **chunked),
+                  dict(checkpointing="selective", optimizer_impl="fused", **accum, **chunked),
+                  dict(checkpointing="selective", optimizer_impl="fused", compile=True, **accum, **chunked),
+                  dict(checkpointing="none", optimizer_impl="fused", compile=True, **accum, **chunked)]
+        lever_runs = [{"name": f"L{i}", "strategy": "fsdp", "precision": P, "seq_len": S["seq_len"],
+                       "steps": S["levers_steps"], "warmup_steps": S["levers_warmup"], **r} for i, r in enumerate(levers)]
+        argv = ["--model", S["model"], "--seq-len", str(S["seq_len"]), "--steps", str(S["steps"]), "--warmup-steps",
+                str(S["warmup_steps"]), "--runs", json.dumps(lever_runs)]
+        args = rep.call("levers_accum", gpus, script.parse_args, argv)
+        for name, a in (rep.call("levers_accum", gpus, expand_runs, args, args.runs) or []) if args else []:
+            rep.call("levers_accum", gpus, tokens.per_rank_batch, a.global_batch, n * a.grad_accum)
+            rep.require(a.loss_chunk_tokens <= a.seq_len * a.global_batch // n, "levers_chunk_tokens", gpus,
+                        f"{name}: a loss chunk larger than a rank's tokens")
 
 
 def v_grid(rep: Report, nb: str) -> None:
