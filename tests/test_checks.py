@@ -76,7 +76,7 @@ def _dlo(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_check_student_fails_and_solution_passes():
     res = _dlo("check", "jour1", "channels_last")  # default: the student notebook
-    assert res.returncode == 1 and res.stderr.startswith("FAILED jour1/channels_last: not implemented yet")
+    assert res.returncode == 1 and res.stderr.startswith("NOT YET jour1/channels_last: not implemented yet")
     res = _dlo("check", "jour1", "channels_last", "--notebook", "Jour1/jour1.ipynb")
     assert res.returncode == 0 and res.stdout.startswith("PASSED jour1/channels_last")
     res = _dlo("check", "--list")
@@ -100,7 +100,8 @@ def test_check_failed_renders_as_one_red_line_in_ipython():
 def test_cli_check_exits_non_zero_on_a_wrong_answer():
     wrong = ROOT / "tests" / "wrong_answers" / "jour1" / "fp16" / "fp16_backward_on_unscaled_loss.py"
     res = _dlo("check", "jour1", "fp16", "--notebook", str(wrong))
-    assert res.returncode == 1 and res.stderr.startswith("FAILED jour1/fp16: ") and "unscaled loss" in res.stderr
+    assert res.returncode == 1 and res.stderr.startswith("NOT YET jour1/fp16: ") and "unscaled loss" in res.stderr \
+        and res.stderr.rstrip().endswith("hint: dlo hint jour1 fp16") and len(res.stderr.splitlines()) == 1
 
 
 def test_every_step_has_a_goal_and_three_hint_levels():

@@ -18,8 +18,10 @@
 ``python -m dlo ...`` is the same command without the console script.
 
 Exit codes: 0 success; 1 a failed check, a stale student notebook or a notebook whose cell failed; 2 a usage
-error (unknown option, missing or wrong argument, a parameter the notebook does not have or of the wrong
-type, an output folder that cannot be written), reported in one line on stderr before anything runs.
+error (unknown option, missing or wrong argument, unknown course or step, a parameter the notebook does not have
+or of the wrong type, an output folder that cannot be written), reported in one line on stderr before anything
+runs; 141 the reader of the output went away (``dlo hint ... | head``), quietly. A failed check prints the line
+the notebook shows: ``NOT YET course/step: what is wrong -- hint: dlo hint course step``.
 """
 from __future__ import annotations
 
@@ -63,25 +65,48 @@ def _cmd_check(args: argparse.Namespace) -> int:
             if args.course in (None, course):
                 print(f"{course}: {' '.join(steps)}")
         return 0
+    _known_step(args.course, args.step, args.notebook)  # before the checkers import torch (seconds, or a minute)
     from dlo.course.checks.framework import CheckFailed, check_notebook
 
     try:
         check_notebook(args.course, args.step, args.notebook)
-    except CheckFailed as exc:
-        print(f"FAILED {exc}", file=sys.stderr)
+    except CheckFailed as exc:  # the words the notebook shows: NOT YET course/step: what is wrong -- hint: ...
+        print(exc.one_line(), file=sys.stderr)
         return 1
     return 0
 
 
+def _known_step(course: str, step: str, notebook: str | None) -> None:
+    """The one-line errors of ``check_notebook`` for an unknown course or step or a missing notebook, from the
+    checkers' source text (:mod:`dlo.course.catalog`), without importing them."""
+    from pathlib import Path
+
+    from dlo.course import catalog
+    from dlo.runtime.paths import ROOT
+
+    table = catalog.steps()
+    if course not in table:
+        raise ValueError(f"unknown course {course!r}: choose one of {', '.join(sorted(table))}")
+    if step not in table[course]:
+        raise ValueError(f"unknown step {step!r} for {course}: choose one of {', '.join(table[course])}")
+    source = ROOT / table[course][step].notebook
+    path = Path(notebook) if notebook else source.parent / "student" / source.name
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook or script at {path}: run `make student` or pass --notebook PATH")
+
+
 def _cmd_hint(args: argparse.Namespace) -> int:
-    from dlo.course.hints import LEVELS, STATE_FILE, levels, next_level
+    from dlo.course.hints import LEVELS, STATE_FILE, advance, levels
     from dlo.course.student import step_solution
 
     outline = "; ".join(hint for _, hint, _ in step_solution(args.course, args.step) if hint)
-    level = next_level(args.course, args.step, args.level)
+    level, not_kept = advance(args.course, args.step, args.level)
     print(f"Hint {level}/{LEVELS} for {args.course}/{args.step}:")
     print(levels(args.course, args.step, outline or "see `dlo solution`")[level - 1])
-    if level < LEVELS:
+    if level < LEVELS and not_kept:
+        print(f"(the level reached is not kept: {not_kept}; `dlo hint {args.course} {args.step} --level "
+              f"{level + 1}` shows the next one)")
+    elif level < LEVELS:
         print(f"(run it again for the next level; the level reached is kept in {STATE_FILE})")
     else:
         print(f"(the last level; `dlo solution {args.course} {args.step}` prints the solution)")
@@ -172,21 +197,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("check", help="check an exercise step (default: in the student notebook)")
-    c.add_argument("course", nargs="?", default=None)
-    c.add_argument("step", nargs="?", default=None)
-    c.add_argument("--notebook", default=None, help="notebook whose exercise cells are checked")
+    c.add_argument("course", nargs="?", default=None,
+                   help="a course, as the notebook's check cell names it (jour1, optimizers, fsdp ...); alone: its "
+                        "steps")
+    c.add_argument("step", nargs="?", default=None, help="the exercise step of that course (amp, lion ...); "
+                                                        "`dlo check --list` shows every course and step")
+    c.add_argument("--notebook", default=None,
+                   help="notebook or script whose exercise cells are checked (default: the course's student copy, "
+                        "e.g. Jour1/student/jour1.ipynb)")
     c.add_argument("--list", action="store_true", help="list the steps that have a checker")
     c.set_defaults(func=_cmd_check)
 
     h = sub.add_parser("hint", help="the next hint of an exercise step (concept, then tools, then near-code)")
-    h.add_argument("course")
-    h.add_argument("step")
+    h.add_argument("course", help="the course, as the TODO's `dlo hint COURSE STEP` line names it")
+    h.add_argument("step", help="the exercise step; `dlo check --list` shows every course and step")
     h.add_argument("--level", type=int, default=None, help="show this level (1-3) instead of the next one")
     h.set_defaults(func=_cmd_hint)
 
     so = sub.add_parser("solution", help="print the reference solution of an exercise step")
-    so.add_argument("course")
-    so.add_argument("step")
+    so.add_argument("course", help="the course (`dlo check --list` shows every course and step)")
+    so.add_argument("step", help="the exercise step")
     so.set_defaults(func=_cmd_solution)
 
     s = sub.add_parser("student", help="regenerate the student notebooks from the sources")
@@ -194,8 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_student)
 
     d = sub.add_parser("data", help="say which CIFAR-10 data set would be used (generating it if needed)")
-    d.add_argument("--data-dir", default=None)
-    d.add_argument("--generated", action="store_true")
+    d.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="folder holding cifar-10-batches-py, which must then be there (default: the first found "
+                        "in $DLO_DATA_DIR, $DSDIR, <project>/data, else the generated set); with --generated, where "
+                        "the generated set is written (default: the cache)")
+    d.add_argument("--generated", action="store_true",
+                   help="the generated data set in the CIFAR-10 format (written on first use), even where the "
+                        "real one is found")
     d.set_defaults(func=_cmd_data)
 
     g = sub.add_parser("gpu-check", help="every full-profile benchmark on this GPU node, judged against its target")
@@ -240,7 +275,26 @@ def _module_main(module: str, argv: list[str]) -> int:
     return importlib.import_module(module).main(argv)
 
 
+#: The exit code when the reader of our output went away (``dlo hint ... | head``): a shell's code for a command
+#: stopped by SIGPIPE, which is what a C program would get.
+CLOSED_PIPE = 128 + 13
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # a reader that has gone shows here (also after --help), not as a traceback while Python exits
+            sys.stdout.flush()
+    except BrokenPipeError:  # `dlo hint ... | head`: nobody reads the rest; stop quietly
+        import os
+
+        with open(os.devnull, "w") as devnull:  # what is still buffered for stdout goes nowhere at exit
+            os.dup2(devnull.fileno(), sys.stdout.fileno())
+        return CLOSED_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     delegated = {name: module for name, module, _ in _DELEGATED}
     if argv and argv[0] in delegated:  # its options are its own (argparse's REMAINDER would take some as ours)

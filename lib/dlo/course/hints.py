@@ -505,6 +505,13 @@ def _read_state(path: Path) -> dict[str, int]:
 
 def next_level(course: str, step: str, level: int | None = None, state_file: str | Path | None = None) -> int:
     """The hint level to show now (the one after the last shown, or ``level``), remembered in ``state_file``."""
+    return advance(course, step, level, state_file)[0]
+
+
+def advance(course: str, step: str, level: int | None = None,
+            state_file: str | Path | None = None) -> tuple[int, str | None]:
+    """:func:`next_level`, and why the level could not be remembered (``None`` when it was): in a read-only
+    checkout the hint is still shown, but the next call starts again from the same level."""
     hint_for(course, step)  # unknown steps: ValueError before anything is written
     path = Path(state_file) if state_file is not None else STATE_FILE
     state = _read_state(path)
@@ -517,6 +524,6 @@ def next_level(course: str, step: str, level: int | None = None, state_file: str
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    except OSError:
-        pass  # a read-only checkout: the hint is still shown, only the level is not remembered
-    return level
+    except OSError as exc:
+        return level, f"cannot write {path} ({exc.strerror or exc})"
+    return level, None

@@ -3,7 +3,8 @@
 In a notebook, the cell after an exercise runs ``check("jour1", "amp", globals())``: it prints a line
 starting with "PASSED" or raises :class:`CheckFailed` with a hint. From a terminal,
 ``dlo check jour1 amp`` loads the exercise cells of the student notebook (cells tagged ``setup`` and
-``exercise``) and runs the same checker.
+``exercise``) and runs the same checker. A wrong answer reads the same in both places: one line
+``NOT YET course/step: what is wrong -- hint: dlo hint course step`` (:meth:`CheckFailed.one_line`).
 
 A checker must fail on the generated stub (which raises NotImplementedError) and pass on the solution;
 tests/test_checks.py verifies both for every step.
