@@ -304,7 +304,8 @@ def test_choose_kernel_falls_back_to_this_python(monkeypatch):
     assert kernel == runner.THIS_PYTHON_KERNEL and "\n" not in note
     assert note == (f"note: no Jupyter kernel named 'dlo' is registered here: running streaming.ipynb with this "
                     f"Python ({sys.executable}); to register it: "
-                    'python -m ipykernel install --user --name dlo --display-name "Python (dlo)"')
+                    f'{sys.executable} -m ipykernel install --user --name dlo --display-name "Python (dlo)" '
+                    f'--env PATH "{Path(sys.executable).parent}:${{PATH}}"')
 
 
 @pytest.mark.notebook

@@ -24,7 +24,9 @@ from dlo.runtime.paths import RUNS_DIR, probe_writable
 
 KERNEL_NAME = "dlo"
 THIS_PYTHON_KERNEL = "dlo-this-python"  # the stand-in kernel: ipykernel in the Python that runs `dlo run`
-INSTALL_KERNEL = 'python -m ipykernel install --user --name {name} --display-name "Python ({name})"'
+# the kernel gets this Python's bin folder first on its PATH, so that `!dlo hint ...` in a notebook finds `dlo`
+INSTALL_KERNEL = ('{python} -m ipykernel install --user --name {name} --display-name "Python ({name})" '
+                  '--env PATH "{bin}:${{PATH}}"')
 
 # Lines left out of the streamed output (never out of the executed notebook).
 NOISE = re.compile(r"^USDT:|KeyboardInterrupt caught in kernel|Kernel is running over TCP without encryption")
@@ -189,8 +191,9 @@ def choose_kernel(notebook: Path, kernel_name: str | None = None) -> tuple[str, 
     if importlib.util.find_spec("ipykernel") is None:
         raise NotebookArgumentError(f"no Jupyter kernel named {wanted!r} and no ipykernel in {sys.executable}: "
                                     "pip install ipykernel, or run the code cells without Jupyter: --engine plain")
+    register = INSTALL_KERNEL.format(name=wanted, python=sys.executable, bin=Path(sys.executable).parent)
     return THIS_PYTHON_KERNEL, (f"note: no Jupyter kernel named {wanted!r} is registered here: running {notebook.name} "
-                                f"with this Python ({sys.executable}); to register it: {INSTALL_KERNEL.format(name=wanted)}")
+                                f"with this Python ({sys.executable}); to register it: {register}")
 
 
 def _this_python_kernel_manager() -> type:
