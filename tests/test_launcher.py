@@ -256,3 +256,118 @@ def test_check_processes_allows_one_gpu_each_and_any_count_on_a_cpu():
     assert check_processes([2, 4, 8], torch.device("cuda", 0), least=2, gpus=8) == [2, 4, 8]
     assert check_processes([8], torch.device("cpu"), least=2) == [8]  # gloo processes share the cores
     assert check_processes((2, 3), "cpu", least=2) == [2, 3]
+
+
+# --------------------------------------------------------------------------------------------------
+# The rank that failed first is blamed, whatever the script's pattern and however the rank died
+# --------------------------------------------------------------------------------------------------
+
+_PEER = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
+
+
+def test_blame_treats_a_lost_peer_as_a_consequence_even_when_noted_first():
+    """Rank 0's "Connection closed by peer" is what it says once rank 1 is gone, even when its note is earlier; a
+    rank killed by a signal or leaving through os._exit has no note: its exit code is the evidence, SIGTERM
+    from torchrun (stopping the others) is not."""
+    summary = ["Failures:", "[1]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 11)",
+               "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 1)",
+               "  exitcode  : 1 (pid: 12)"]
+    per_rank = {0: ["ready", _PEER], 1: ["ready", "ValueError: boom"]}
+    notes = [{"rank": 0, "time": 1.0, "exception": _PEER}, {"rank": 1, "time": 2.0, "exception": "ValueError: boom"}]
+    assert _blame(summary, per_rank, notes, False, 1) == (1, 1, "ValueError: boom")
+
+    killed = [line.replace("exitcode  : 1 (pid: 12)", "exitcode  : -9 (pid: 12)") for line in summary]
+    per_rank = {0: ["ready", _PEER], 1: ["ready", "rank 1 fails now (kill)"]}
+    assert _blame(killed, per_rank, notes[:1], False, 1) == (1, -9, "rank 1 fails now (kill)")
+    exited = [line.replace("exitcode  : 1 (pid: 12)", "exitcode  : 3 (pid: 12)") for line in summary]
+    assert _blame(exited, per_rank, notes[:1], False, 1) == (1, 3, "rank 1 fails now (kill)")
+    # rank 2 stopped by torchrun (SIGTERM) after rank 1 was killed: rank 1 is still the one
+    three = killed + ["[2]:", "  rank      : 2 (local_rank: 2)", "  exitcode  : -15 (pid: 13)"]
+    assert _blame(three, {**per_rank, 2: ["ready"]}, notes[:1], False, 1)[0] == 1
+    # only consequences: the earliest of them
+    assert _blame(summary, per_rank, [notes[0], {**notes[0], "rank": 1, "time": 3.0}], False, 1)[0] == 0
+
+
+def test_forked_blame_weighs_exit_times_and_ranks_it_stopped_itself():
+    from dlo.runtime.launch import _first_failure
+
+    lines = {0: ["ready", _PEER], 1: ["fails now"], 2: ["ready"]}
+    codes = {0: 1, 1: -9, 2: -9}
+    # rank 2 was killed by the launcher (stopped), rank 1 by someone else: rank 1, whatever the notes say
+    assert _first_failure(codes, {2}, [{"rank": 0, "time": 1.0, "exception": _PEER}], lines, {0: 1.1, 1: 1.2}) == \
+        (1, "fails now")
+    # a rank seen exiting before another rank's note failed first, even if that note is not a lost peer
+    notes = [{"rank": 0, "time": 5.0, "exception": "ValueError: wrapped"}]
+    assert _first_failure({0: 1, 1: 3}, set(), notes, lines, {1: 4.0, 0: 5.1}) == (1, "fails now")
+    assert _first_failure({0: 1, 1: 3}, set(), notes, lines, {1: 5.5, 0: 5.1}) == (0, "ValueError: wrapped")
+    assert _first_failure({0: 0, 1: 0}, set(), [], lines) is None
+    assert _first_failure({0: -9, 1: -9}, {0, 1}, [], lines) == (0, _PEER)
+
+
+def test_distributed_block_notes_the_failure_before_destroying_the_group(tmp_path, monkeypatch):
+    """`with distributed():` writes the failing rank's note before its exit destroys the process group (which
+    makes the peers fail at once); the excepthook seeing the same exception later keeps that first note."""
+    import importlib
+    import json
+    import sys
+
+    from dlo.runtime import records
+
+    distributed_module = importlib.import_module("dlo.runtime.distributed")  # dlo.runtime.distributed: the function
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # init_distributed installs the hook: undone after
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path))
+    note = tmp_path / "failures" / "rank0.json"
+    seen_at_teardown = []
+    monkeypatch.setattr(distributed_module, "teardown", lambda: seen_at_teardown.append(note.exists()))
+    with pytest.raises(ValueError, match="boom"):
+        with distributed_module.distributed(device="cpu"):
+            raise ValueError("boom")
+    assert seen_at_teardown == [True]
+    first = json.loads(note.read_text())
+    assert first["exception"] == "ValueError: boom"
+    records.note_failure(RuntimeError("later, at the top of the script"))
+    assert json.loads(note.read_text()) == first
+    monkeypatch.setenv(records.RECORDS_ENV, str(tmp_path / "other"))
+    with pytest.raises(SystemExit):  # sys.exit(n) is said by the exit code: no note
+        with distributed_module.distributed(device="cpu"):
+            raise SystemExit(2)
+    assert not (tmp_path / "other" / "failures").exists()
+
+
+# Every way a rank can fail first, in both patterns: the launcher must name it with its own last line.
+_FAILURES = [("raise", "context"), ("kill", "context"), ("exit", "context"),
+             ("raise", "bare"), ("kill", "bare"), ("exit", "bare")]
+_EXPECTED = {"raise": (1, "ValueError: boom"), "kill": (-9, "rank 1 fails now (kill)"),
+             "exit": (3, "rank 1 fails now (exit)")}
+
+
+def _check_blamed_first(launcher, nproc, runs, tmp_path, monkeypatch):
+    if launcher == "fork":
+        monkeypatch.setenv("DLO_LAUNCHER", "fork")
+    wrong = []
+    for i, (how, pattern) in enumerate(runs):
+        with pytest.raises(LaunchError) as err:
+            launch(SCRIPTS / "fail_first.py", ["--how", how, "--pattern", pattern], nproc=nproc,
+                   records_dir=tmp_path / f"run{i}", timeout_s=150, use_srun=False, echo=False)
+        exc = err.value
+        code, last = _EXPECTED[how]
+        # torchrun stops the other ranks (SIGTERM) once one has exited: a rank that raised may be stopped
+        # while it is still shutting down, after its failure was noted
+        codes = (code, -15) if how == "raise" and launcher == "torchrun" else (code,)
+        if exc.rank != 1 or exc.exit_code not in codes or exc.last_line != last or "\n" in str(exc):
+            wrong.append(f"{how}/{pattern}: {exc}")
+    assert not wrong, f"{len(wrong)} of {len(runs)} runs blamed the wrong rank or line: {wrong}"
+
+
+@distributed
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_forked_launch_blames_the_rank_that_failed_first(nproc, tmp_path, monkeypatch):
+    _check_blamed_first("fork", nproc, _FAILURES + [("raise", "context")] * 2, tmp_path, monkeypatch)
+
+
+@distributed
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_torchrun_launch_blames_the_rank_that_failed_first(nproc, tmp_path, monkeypatch):
+    runs = [("raise", "context")] * 3 + [("kill", "context"), ("exit", "bare")]
+    _check_blamed_first("torchrun", nproc, runs, tmp_path, monkeypatch)

@@ -15,7 +15,7 @@ import torch
 
 from dlo.runtime.device import pick_device
 from dlo.runtime.context import DistContext, dist_context
-from dlo.runtime.records import _install_failure_hook
+from dlo.runtime.records import _install_failure_hook, note_failure
 
 
 
@@ -173,6 +173,9 @@ def distributed(backend: str | None = None, device: str | None = None, timeout_s
     """``with distributed() as ctx:`` = :func:`init_distributed` on entry, :func:`teardown` on exit.
 
     If a process group already existed on entry, it belongs to someone else and is left alone on exit.
+    An exception leaving the block is noted for :func:`launch` (which rank failed, when) *before* the group is
+    destroyed: destroying it closes the peers' connections, and they would otherwise fail ("Connection closed by
+    peer") and be blamed before this rank's own failure is noted.
     """
     import torch.distributed as dist
 
@@ -180,6 +183,10 @@ def distributed(backend: str | None = None, device: str | None = None, timeout_s
     ctx = init_distributed(backend=backend, device=device, timeout_s=timeout_s)
     try:
         yield ctx
+    except BaseException as exc:
+        if not isinstance(exc, SystemExit):  # sys.exit(n): the exit code says it, as it does without the block
+            note_failure(exc)
+        raise
     finally:
         if owned:
             teardown()

@@ -202,6 +202,77 @@ def _last_meaningful(lines: Sequence[str]) -> str:
     return ""
 
 
+#: What a rank says when a peer it was talking to is gone: the consequence of another rank's failure, never its cause.
+_PEER_LOST = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|remote (?:worker|process|peer)|"
+    r"peer crash|connection was likely closed|communicator was aborted|ECONNRESET|EPIPE",
+    re.I,
+)
+
+
+def _peer_lost(line: str) -> bool:
+    """Whether ``line`` (an exception's first line) says that a peer vanished, not what went wrong itself."""
+    return bool(_PEER_LOST.search(line or ""))
+
+
+def _code_text(code: int | None) -> str:
+    """``1``; ``-9 (killed by SIGKILL)`` for a rank killed by a signal."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
+
+
+def _first_failure(
+    codes: Mapping[int, int | None],
+    stopped: set[int],
+    notes: Sequence[Mapping[str, Any]],
+    per_rank: Mapping[int, Sequence[str]],
+    exited_at: Mapping[int, float] | None = None,
+) -> tuple[int, str] | None:
+    """The rank that failed first and its last line, from what each rank left behind; None if nothing failed.
+
+    ``codes``: each rank's exit code where known; ``stopped``: ranks the launcher itself stopped (their codes say
+    nothing of their own); ``notes``: the failure notes (rank, time, exception) the ranks wrote as they failed;
+    ``exited_at``: when each rank was seen to exit (time.time()), where the launcher saw it.
+
+    1. A rank that failed on its own: a note whose exception is not the loss of a peer ("Connection closed by
+       peer", "Broken pipe": that is what the others say once the first one is gone), or a rank that exited with
+       an error and no note (a signal, ``os._exit``, ``sys.exit``, a crash in C), its last line not a peer's
+       loss either. The earliest wins: a note's time, or when its rank was seen to exit (a late upper bound: a
+       rank without a note is preferred only when surely earlier); without exit times, notes first, then the
+       lowest rank.
+    2. Else the earliest note (a peer's loss), else the lowest rank that exited with an error on its own, else
+       the lowest rank stopped by the launcher.
+    """
+    exited_at = exited_at or {}
+    first_note: dict[int, Mapping[str, Any]] = {}
+    for note in sorted(notes, key=lambda n: n.get("time", 0)):
+        with contextlib.suppress(TypeError, ValueError):
+            first_note.setdefault(int(note["rank"]), note)
+    last = {r: _last_meaningful(per_rank.get(r, [])) for r in set(codes) | set(first_note)}
+    own: list[tuple[float, int, int, str]] = []  # (time, evidence order, rank, line)
+    for rank, note in first_note.items():
+        if not _peer_lost(str(note.get("exception", ""))):
+            own.append((float(note.get("time", 0)), 0, rank, str(note.get("exception", ""))))
+    for rank, code in codes.items():
+        if rank in first_note or rank in stopped or code in (None, 0) or _peer_lost(last[rank]):
+            continue
+        when = exited_at.get(rank, float("inf"))
+        own.append((when, 1, rank, last[rank]))
+    if own:
+        _, _, rank, line = min(own)
+        return rank, line
+    if first_note:
+        rank, note = min(first_note.items(), key=lambda rn: rn[1].get("time", 0))
+        return rank, str(note.get("exception", ""))
+    failed = [r for r, c in codes.items() if c not in (None, 0)]
+    if not failed:
+        return None
+    rank = min([r for r in failed if r not in stopped] or failed)
+    return rank, last[rank]
+
+
 def _blame(
     own_lines: Sequence[str],
     per_rank: Mapping[int, Sequence[str]],
@@ -209,25 +280,21 @@ def _blame(
     srun: bool,
     returncode: int,
 ) -> tuple[int | None, int | None, str]:
-    """Which rank to blame for a failed run: ``(rank or None, exit code, last meaningful line)``.
+    """Which rank to blame for a failed torchrun or srun run: ``(rank or None, exit code, last meaningful line)``.
 
-    1. The failure notes written by the ranks' excepthook: the earliest exception wins.
-    2. Else the launcher's own report (torchrun's "rank : 1 ... exitcode : 1" summary, srun's
-       "task 1: Exited with exit code 1"): the lowest rank that exited with an error code, ranks killed
-       by a signal (negative codes, usually killed by the launcher itself) only if nothing else failed.
-    3. Else nobody in particular: the launcher's own last line (it may not have started any rank).
+    The exit codes come from the launcher's own report (torchrun's "rank : 1 ... exitcode : 1" summary, srun's
+    "task 1: Exited with exit code 1"); ranks that torchrun stopped itself once another had failed end with
+    SIGTERM (-15). :func:`_first_failure` weighs them with the ranks' failure notes. Else nobody in particular:
+    the launcher's own last line (it may not have started any rank).
     """
     text = "\n".join(own_lines)
     codes = {int(r): int(c) for r, c in (_SRUN_FAILURE if srun else _TORCHRUN_FAILURE).findall(text)}
-    if notes:
-        first = min(notes, key=lambda n: n["time"])
-        rank = int(first["rank"])
-        return rank, codes.get(rank, returncode), str(first["exception"])
-    if codes:
-        genuine = [r for r, c in codes.items() if c > 0]
-        rank = min(genuine or codes)
-        return rank, codes[rank], _last_meaningful(per_rank.get(rank, []))
-    return None, returncode, _last_meaningful(own_lines)
+    stopped = set() if srun else {r for r, c in codes.items() if c == -signal.SIGTERM}
+    found = _first_failure(codes, stopped, notes, per_rank)
+    if found is None:
+        return None, returncode, _last_meaningful(own_lines)
+    rank, line = found
+    return rank, codes.get(rank, returncode), line
 
 
 def _pump(stream, out: queue.Queue) -> None:
@@ -476,7 +543,7 @@ def launch(
     rank, code, last = _blame(own_lines, per_rank, notes, srun, proc.returncode)
     who = f"rank {rank}" if rank is not None else launcher
     raise LaunchError(
-        f"{who} of {name} failed with exit code {code}: {last or '(no output)'} ({where})",
+        f"{who} of {name} failed with exit code {_code_text(code)}: {last or '(no output)'} ({where})",
         rank=rank, exit_code=code, last_line=last, log=log, command=command, records_dir=folder,
     )
 
@@ -596,12 +663,16 @@ def launch_forked(
     started = time.time()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     first_failure_at, timed_out = None, False
+    exited_at: dict[int, float] = {}  # when each rank was seen to exit (time.time(), as the failure notes)
     tails = [_Tail(path, rank) for rank, path in enumerate(logs)] if echo else []
     try:
         for proc in procs:
             proc.start()
         while any(p.exitcode is None for p in procs):
             wait_for([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
+            for rank, proc in enumerate(procs):
+                if rank not in exited_at and proc.exitcode is not None:
+                    exited_at[rank] = time.time()
             for tail in tails:
                 tail.emit()
             now = time.monotonic()
@@ -615,6 +686,10 @@ def launch_forked(
         if timed_out:  # the last lines before the ranks' stacks, then the stacks, into their logs
             before = {rank: _read_lines(path) for rank, path in enumerate(logs)}
             _abort_with_stacks([p for p in procs if p.exitcode is None and p.pid is not None])
+        stopped = {rank for rank, proc in enumerate(procs) if proc.exitcode is None and proc.pid is not None}
+        for rank, proc in enumerate(procs):
+            if rank not in stopped and rank not in exited_at and proc.pid is not None:
+                exited_at[rank] = time.time()
         for proc in procs:
             if proc.exitcode is None and proc.pid is not None:
                 proc.kill()
@@ -648,14 +723,9 @@ def launch_forked(
             note = json.loads(path.read_text(encoding="utf-8"))
             if note.get("time", 0) >= started:
                 notes.append(note)
-    if notes:
-        first = min(notes, key=lambda n: n["time"])
-        rank, last = int(first["rank"]), str(first["exception"])
-    else:  # the lowest rank that exited with an error; ranks killed by us only if nothing else failed
-        failed = [r for r, c in codes.items() if c not in (None, 0)]
-        rank = min([r for r in failed if codes[r] > 0] or failed)
-        last = _last_meaningful(per_rank.get(rank, []))
-    raise LaunchError(f"rank {rank} of {name} failed with exit code {codes.get(rank)}: {last or '(no output)'} ({where})",
+    rank, last = _first_failure(codes, stopped, notes, per_rank, exited_at) or (None, "")
+    raise LaunchError(f"rank {rank} of {name} failed with exit code {_code_text(codes.get(rank))}: "
+                      f"{last or '(no output)'} ({where})",
                       rank=rank, exit_code=codes.get(rank), last_line=last, log=log, command=command,
                       records_dir=folder)
 

@@ -90,27 +90,52 @@ def read_records(records_dir: str | os.PathLike | None = None) -> list[dict]:
     return out
 
 
+#: (pid, failures folder) pairs this process has already written its note into: a rank fails once, first.
+_noted: set[tuple[int, str]] = set()
+
+
+def note_failure(exc: BaseException) -> None:
+    """Note, now, that this rank failed with ``exc`` (when running under :func:`launch`; otherwise nothing).
+
+    The note (``<records>/failures/rank<r>.json``: rank, float time, pid, the exception's first line) lets the
+    launcher blame the rank that failed first. Only a process's first failure is noted: the excepthook that
+    sees the same exception later, at the top of the script, keeps the earlier note and its earlier time.
+    :func:`dlo.runtime.distributed` calls it before it destroys the process group; destroying the group first
+    closes the connections of the peers, which then fail ("Connection closed by peer") before this rank's note
+    is written, and the launcher would blame them. Never raises: a failing diagnostic must not hide the error.
+    """
+    records = os.environ.get(RECORDS_ENV)
+    if not records:
+        return
+    folder = Path(records) / _FAILURES_SUBDIR
+    key = (os.getpid(), str(folder))
+    if key in _noted:
+        return
+    try:
+        rank = dist_context().rank
+        folder.mkdir(parents=True, exist_ok=True)
+        note = {"rank": rank, "time": time.time(), "pid": os.getpid(), "exception": first_line(exc)}
+        atomic_write_text(folder / f"rank{rank}.json", json.dumps(note))  # never half a note
+        _noted.add(key)
+    except Exception:  # noqa: BLE001 - a failing diagnostic must never hide the real exception
+        pass
+
+
 def _install_failure_hook() -> None:
     """When running under :func:`launch`, note the time and message of an uncaught exception.
 
     When rank 1 crashes, rank 0 usually crashes a few milliseconds later with "Connection closed by
     peer" while waiting for it. torchrun only knows exit times to the second, so it cannot tell which
-    came first; this note (float timestamp) lets :func:`launch` blame the rank that really failed first.
+    came first; this note (float timestamp, see :func:`note_failure`) lets :func:`launch` blame the rank that
+    really failed first.
     """
     records = os.environ.get(RECORDS_ENV)
     if not records or getattr(sys.excepthook, "_dlo_failure_hook", False):
         return
     previous = sys.excepthook
-    folder = Path(records) / _FAILURES_SUBDIR
 
     def hook(etype, value, tb):
-        try:
-            rank = dist_context().rank
-            folder.mkdir(parents=True, exist_ok=True)
-            note = {"rank": rank, "time": time.time(), "pid": os.getpid(), "exception": first_line(value)}
-            atomic_write_text(folder / f"rank{rank}.json", json.dumps(note))  # never half a note
-        except Exception:  # noqa: BLE001 - a failing diagnostic must never hide the real exception
-            pass
+        note_failure(value if value is not None else etype())
         previous(etype, value, tb)
 
     hook._dlo_failure_hook = True  # type: ignore[attr-defined]
