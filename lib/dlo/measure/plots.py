@@ -18,7 +18,8 @@ def _save(fig, path: str | Path | None):
 
 def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "img/s", baseline: str | None = None,
            low: str | None = "throughput_low", high: str | None = "throughput_high", decision: str | None = "decision",
-           ratio: str | None = "speedup_text", retry: str | None = "retry_of", title: str = "Optimisation ladder",
+           ratio: str | None = "speedup_text", retry: str | None = "retry_of", versus: str = "baseline",
+           title: str = "Optimisation ladder",
            path: str | Path | None = None):
     """Horizontal bars, one per step, with the noise band as an error bar (columns ``low``..``high``: the
     throughput at the slow and fast quartiles of the repeats), labelled with the throughput, the speed-up
@@ -26,7 +27,7 @@ def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "i
 
     The speed-up is the text of column ``ratio`` when the table has one (a :class:`dlo.measure.verdicts.Ladder`
     table: it says so when the baseline is not steady), else computed over the first row (or the row
-    named ``baseline``) and written with 2 significant digits. Rows with a value in column ``retry`` (steps
+    named ``baseline``) and written with 2 significant digits; ``versus`` names what it is relative to. Rows with a value in column ``retry`` (steps
     re-tried at the batch the sweep chose, :meth:`dlo.measure.verdicts.Ladder.retry`) are hatched. Columns named
     but absent are skipped."""
     names = list(df[label])
@@ -62,8 +63,8 @@ def ladder(df, *, value: str = "throughput", label: str = "name", unit: str = "i
     ax.set_xlabel(unit)
     ax.set_title(title)
     for bar, v, r, d, x in zip(bars, values, ratios, decisions, right):
-        versus = r if str(r).startswith("no ratio") else f"{r} vs baseline"
-        text = f"  {v:,.{0 if v >= 100 else 1}f} {unit}  ({versus})" + (f"  {d}" if d else "")
+        against = r if str(r).startswith("no ratio") else f"{r} vs {versus}"
+        text = f"  {v:,.{0 if v >= 100 else 1}f} {unit}  ({against})" + (f"  {d}" if d else "")
         ax.text(x, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=9)
     ax.set_xlim(0, max(right) * 1.7)
     ax.grid(axis="x", alpha=0.3)

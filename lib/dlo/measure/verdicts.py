@@ -411,7 +411,7 @@ class Ladder:
                 new_rows.append(row)
                 continue
             row = self.record(name, ms[name], reference=ms[reference.name], **config)
-            row.update(info)
+            row.update(info, reference_batch=best.get("batch_size"))
             row["conclusion"] = retry_sentence(ms[name], ms[reference.name], first=first,
                                                first_reference=first.get("reference") or first,
                                                label=first["step"], first_batch=first_batch, batch=batch,
