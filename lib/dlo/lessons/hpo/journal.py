@@ -51,7 +51,125 @@ class JournalPathError(ValueError):
     """The journal file cannot be used; the message says why and what to do."""
 
 
+class JournalCorrupt(ValueError):
+    """A record of the journal file cannot be read; the message (one line) names the file and the line."""
+
+
+class JournalWriteError(OSError):
+    """A record could not be appended to the journal file (a full disk, a quota); the message (one line) names the
+    file. The part of the record that was written is taken back, so the study stays readable."""
+
+
 LOCK_GRACE_S = 10  # a journal lock older than this is a dead writer's: Optuna's default (30 s) stalls the next worker
+_RECORD_START = b'{"op_code"'  # how every record of an Optuna journal begins (json.dumps, compact separators)
+_write = os.write  # one system call; a test replaces it with one that finds the disk full
+
+
+def _journal_backend_class():
+    """:class:`JournalFileBackend` made safe against a record cut in the middle (a writer killed while writing, a
+    full disk); a class built on first use, so that importing this module does not import Optuna."""
+    import contextlib
+
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal._file import get_lock_file
+
+    class SafeJournalFileBackend(JournalFileBackend):
+        """Optuna's journal file, with three changes.
+
+        * Before appending, under the journal's lock, a last line without its newline is cut off: it is the
+          record of a writer that died while writing (a writer holds the lock until its record is whole). Optuna
+          appends after it, and the file is then unreadable for ever ("Expecting ',' delimiter").
+        * A line spoilt that way by a plain Optuna writer (a cut record, then a whole one on the same line) is read
+          as the whole record at its end; any other unreadable line is :class:`JournalCorrupt`, naming the file
+          and the line.
+        * A failed append (``OSError``: a full disk) takes back what it wrote, then raises
+          :class:`JournalWriteError` naming the file.
+        """
+
+        def _corrupt(self, number: int, why: str) -> JournalCorrupt:
+            return JournalCorrupt(f"journal file {self._file_path} line {number}: {why}; it cannot be read as an "
+                                  "Optuna record (was it edited, or written by something else?)")
+
+        def _decode(self, line: bytes, number: int) -> dict[str, Any]:
+            try:
+                return json.loads(line)
+            except ValueError as exc:
+                why = getattr(exc, "msg", str(exc))
+            start = line.rfind(_RECORD_START)
+            if start > 0:  # a cut record followed by a whole one on the same line: the whole one
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line[start:])
+                    if isinstance(record, dict):
+                        return record
+            raise self._corrupt(number, why)
+
+        def read_logs(self, log_number_from: int):
+            offsets = self._log_number_offset
+            with open(self._file_path, "rb") as f:
+                remaining = os.fstat(f.fileno()).st_size  # records appended while reading are for the next call
+                start = 0
+                if log_number_from in offsets:
+                    f.seek(offsets[log_number_from])
+                    start = log_number_from
+                    remaining -= offsets[log_number_from]
+                for number, line in enumerate(f, start=start):
+                    remaining -= len(line)
+                    if remaining < 0 or not line.endswith(b"\n"):
+                        break  # being written now, or cut: removed by the next append
+                    offsets.setdefault(number + 1, offsets[number] + len(line))
+                    if number >= log_number_from:
+                        yield self._decode(line, number + 1)
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode("utf-8")
+            with get_lock_file(self._lock):
+                try:
+                    fd = os.open(self._file_path, os.O_RDWR)
+                except OSError as exc:
+                    raise self._write_error(exc) from None
+                try:
+                    end = self._drop_cut_record(fd)
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[_write(fd, view):]
+                        os.fsync(fd)
+                    except OSError as exc:
+                        with contextlib.suppress(OSError):  # take back the part written: the file stays readable
+                            os.ftruncate(fd, end)
+                            os.fsync(fd)
+                        raise self._write_error(exc) from None
+                finally:
+                    os.close(fd)
+
+        def _drop_cut_record(self, fd: int) -> int:
+            """Cut off a last line without its newline (we hold the lock: its writer is dead); the file's new size."""
+            size = os.fstat(fd).st_size
+            if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+                os.lseek(fd, size, os.SEEK_SET)
+                return size
+            end, chunk = size, 1 << 16
+            while end > 0:
+                begin = max(0, end - chunk)
+                found = os.pread(fd, end - begin, begin).rfind(b"\n")
+                if found >= 0:
+                    end = begin + found + 1
+                    break
+                end = begin
+            os.ftruncate(fd, end)
+            os.lseek(fd, end, os.SEEK_SET)
+            return end
+
+        def _write_error(self, exc: OSError) -> JournalWriteError:
+            import errno
+
+            reason = "no space left on its device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            err = JournalWriteError(f"journal file {self._file_path}: cannot append a record ({reason}); nothing of it "
+                                    "was kept: free space (or fix the cause) and run the worker again")
+            err.errno = exc.errno
+            return err
+
+    return SafeJournalFileBackend
 
 
 def journal_storage(path: str | os.PathLike, *, lock_grace_s: int = LOCK_GRACE_S):
@@ -61,10 +179,12 @@ def journal_storage(path: str | os.PathLike, *, lock_grace_s: int = LOCK_GRACE_S
     operations; a writer takes a lock made by an atomic ``symlink`` (``JournalFileSymlinkLock``), which
     NFS and Lustre support, unlike the ``fcntl`` locks SQLite relies on. Raises :class:`JournalPathError`
     (one line) when the path is a folder or cannot be written. A writer holds the lock for milliseconds;
-    a lock older than ``lock_grace_s`` seconds is left by a killed process and is broken.
+    a lock older than ``lock_grace_s`` seconds is left by a killed process and is broken. A record cut in the
+    middle (a writer killed while writing, a full disk) is removed before the next append; an unreadable record
+    is :class:`JournalCorrupt` and a failed append :class:`JournalWriteError`, each one line naming the file.
     """
     from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
+    from optuna.storages.journal import JournalFileSymlinkLock
 
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise JournalPathError(f"journal path must be a file path (str or Path), got {path!r}")
@@ -80,7 +200,8 @@ def journal_storage(path: str | os.PathLike, *, lock_grace_s: int = LOCK_GRACE_S
         probe_writable(path.parent, create=False)  # the lock is a file created next to the journal
     except OSError as exc:
         raise JournalPathError(f"journal file {path} is not writable ({exc.strerror or exc}): {hint}") from None
-    backend = JournalFileBackend(str(path), lock_obj=JournalFileSymlinkLock(str(path), grace_period=lock_grace_s))
+    backend = _journal_backend_class()(str(path),
+                                       lock_obj=JournalFileSymlinkLock(str(path), grace_period=lock_grace_s))
     return JournalStorage(backend)
 
 
@@ -152,11 +273,29 @@ def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_tri
         return value
 
     start = time.perf_counter()
-    study.optimize(objective, n_trials=n_trials)
+    try:
+        study.optimize(objective, n_trials=n_trials)
+    except Exception as exc:  # noqa: BLE001 - re-raised, or the journal's own one-line error in its place
+        cause = _journal_error(exc)
+        if cause is None or cause is exc:
+            raise
+        raise cause from None
     mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("worker") == worker]
     return {"worker": worker, "pid": os.getpid(), "seed": seed, "trials": len(mine),
             "best_own": min(t.value for t in mine if t.value is not None),
             "trials_in_study_at_end": len(study.trials), "seconds": time.perf_counter() - start}
+
+
+def _journal_error(exc: BaseException) -> BaseException | None:
+    """The journal's own error (a full disk, an unreadable record) behind ``exc``, if any. When a trial's result
+    cannot be written, Optuna's clean-up raises ``AssertionError: Should not reach.`` in its place."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (JournalWriteError, JournalCorrupt)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def launch_workers(journal: str | os.PathLike, study_name: str, *, n_workers: int = 2, n_trials: int = 10,
