@@ -39,8 +39,10 @@ def _results_files() -> list[Path]:
         try:
             if "conclusions" in json.loads(path.read_text()):
                 out.append(path)
-        except (OSError, ValueError):
+        except FileNotFoundError:  # removed since the search (another run cleaning up)
             continue
+        except (OSError, ValueError):  # truncated or unreadable: it may hold conclusions; the test says which file
+            out.append(path)
     return out
 
 
@@ -50,9 +52,28 @@ def test_every_recorded_conclusion_matches_its_numbers(path):
     from the numbers recorded with it, is the sentence the notebook showed."""
     if path is None:
         pytest.skip("no results.json with conclusions under runs/ or $DLO_RUNS_DIR yet: run a notebook first")
-    results = load_json(path)
+    results = load_json(path)  # a file that is not JSON (a run killed while writing it) fails here, naming it
     assert results["conclusions"], f"{path}: an empty list of conclusions"
     assert check_conclusions(results) == []
+
+
+def test_a_truncated_results_json_fails_naming_it_instead_of_being_skipped(tmp_path, monkeypatch):
+    """A results.json cut short (a run killed while writing it) may have held conclusions: it is checked, and the
+    check fails with its name, rather than being left out (and the test skipped when it was the only one)."""
+    good = {"conclusions": [{"kind": "compare", "sentence": "x"}]}
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "whole" / "results.json").write_text(json.dumps(good))
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "results.json").write_text(json.dumps(good)[:25])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text(json.dumps({"rows": []}))
+    monkeypatch.setenv("DLO_RUNS_DIR", str(tmp_path))
+    found = _results_files()
+    assert tmp_path / "cut" / "results.json" in found and tmp_path / "whole" / "results.json" in found
+    assert tmp_path / "other" / "results.json" not in found  # whole, without conclusions: nothing to check
+    with pytest.raises(ValueError) as err:
+        test_every_recorded_conclusion_matches_its_numbers(tmp_path / "cut" / "results.json")
+    assert str(tmp_path / "cut" / "results.json") in str(err.value) and "\n" not in str(err.value)
 
 
 def tight(name, seconds, items=8):
