@@ -268,7 +268,7 @@ def test_line_filter_drops_noise_and_keeps_partial_lines():
     stream.write("step 1\nUSDT:2026-01-01 1:1 x.cpp:52] profiler_start\nKeyboardInterrupt caught in kernel\nha")
     stream.write("lf\r 50%\r100%\n")
     stream.write("no newline")
-    assert out.getvalue() == "step 1\nhalf\r 50%\r100%\n"
+    assert out.getvalue() == "step 1\nhalf\n100%\n"  # a redraw (\r) is a line; the next within 15 s is left out
     stream.flush()
     assert out.getvalue().endswith("100%\nno newline")
 

@@ -3,12 +3,18 @@
 Both print a line as each code cell starts (``--- code cell 3/43 (12.5 s elapsed): first line``) and what the
 cell prints, as it comes, so that ``tail -f`` on a batch job's log shows where the notebook is. Lines that
 are noise outside a notebook (the profiler's ``USDT:`` traces, the kernel's ``KeyboardInterrupt caught in
-kernel``) are left out of that stream; the executed notebook keeps every output.
+kernel``) are left out of that stream, and so are colour codes; the executed notebook keeps every output.
+
+A log must tell a slow job from a hung one, so progress comes out as text (:mod:`dlo.runtime.progress`): tqdm
+bars become a line when they start, at most one line per bar every 15 s (``DLO_PROGRESS_INTERVAL``) and their
+final state; a bar redrawn with ``\r`` by other code is written at that rate too; and a cell that prints nothing
+for 30 s (twice the interval) gets a ``--- code cell N/M still running`` line.
 """
 from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import json
 import os
 import re
@@ -16,10 +22,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Iterable, Iterator, TextIO
 
 from dlo.course.notebooks import (NotebookArgumentError, NotebookError, _source, check_parameter_types,
                                   parameters_of, resolve_profile)
+from dlo.runtime import progress
 from dlo.runtime.paths import RUNS_DIR, probe_writable
 
 KERNEL_NAME = "dlo"
@@ -30,7 +37,7 @@ INSTALL_KERNEL = ('{python} -m ipykernel install --user --name {name} --display-
 
 # Lines left out of the streamed output (never out of the executed notebook).
 NOISE = re.compile(r"^USDT:|KeyboardInterrupt caught in kernel|Kernel is running over TCP without encryption")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # colours, cursor moves, titles
 
 
 def _prepare(notebook: str | Path, profile: str, parameters: dict[str, Any] | None,
@@ -74,23 +81,39 @@ def check_request(notebook: str | Path, profile: str = "smoke", parameters: dict
 # --------------------------------------------------------------------------------------------------
 
 class LineFilter:
-    """A write-only text stream that passes whole lines on to ``target`` (``\r`` ends a line too, for progress
-    bars), leaving out the lines that match ``NOISE``."""
+    """A write-only text stream that passes whole lines on to ``target``, leaving out the lines that match
+    ``NOISE`` and every colour code. A line ended by ``\r`` (a progress bar redrawn in place) is written as a
+    line of its own, at most one every ``every_s`` seconds (default :func:`dlo.runtime.progress.interval_s`);
+    the redraws in between are dropped. ``clock``: replaces ``time.monotonic`` (tests)."""
 
-    def __init__(self, target: TextIO) -> None:
+    def __init__(self, target: TextIO, every_s: float | None = None, clock: Any = time.monotonic) -> None:
         self.target = target
+        self.every_s = progress.interval_s() if every_s is None else every_s
+        self.clock = clock
         self._partial = ""
+        self._redrawn_at: float | None = None
         self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
         with self._lock:
-            pieces = re.split(r"(?<=[\r\n])", self._partial + text)
+            pieces = re.split(r"(?<=[\r\n])", (self._partial + text).replace("\r\n", "\n"))
             self._partial = pieces.pop()  # "" when the text ended a line
             self._emit(pieces)
         return len(text)
 
     def _emit(self, lines: list[str]) -> None:
-        kept = [line for line in lines if line and not NOISE.search(line)]
+        kept = []
+        for line in lines:
+            line = _ANSI.sub("", line)
+            if not line or NOISE.search(line):
+                continue
+            if line.endswith("\r"):  # a redraw: its text, as a line, at a bounded rate
+                line = line.strip()
+                now = self.clock()
+                if not line or (self._redrawn_at is not None and now - self._redrawn_at < self.every_s):
+                    continue
+                self._redrawn_at, line = now, line + "\n"
+            kept.append(line)
         if kept:
             self.target.write("".join(kept))
             self.target.flush()
@@ -100,6 +123,55 @@ class LineFilter:
             partial, self._partial = self._partial, ""
             self._emit([partial])
         self.target.flush()
+
+    def end_line(self) -> None:
+        """End the line in progress, if any (at a cell's end: the next line starts on a line of its own)."""
+        with self._lock:
+            partial, self._partial = self._partial, ""
+            if partial.strip():
+                self._emit([partial + "\n"])
+
+
+class _Watchdog:
+    """A daemon thread that writes ``--- code cell N/M still running ...`` to ``out`` when the running cell has
+    printed nothing for ``silence_s`` seconds (again every ``silence_s`` while it stays silent)."""
+
+    def __init__(self, out: TextIO, silence_s: float) -> None:
+        self.out, self.silence_s = out, silence_s
+        self.cell: tuple[int, int, float] | None = None  # (number, total, when it started)
+        self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if silence_s > 0:
+            self._thread.start()
+
+    def started(self, number: int, total: int) -> None:
+        with self._lock:
+            self.cell, self.last = (number, total, time.monotonic()), time.monotonic()
+
+    def heard(self) -> None:
+        self.last = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, self.silence_s / 4)):
+            with self._lock:
+                now = time.monotonic()
+                if self.cell is None or now - self.last < self.silence_s:
+                    continue
+                number, total, since = self.cell
+                self.last = now
+            try:
+                self.out.write(f"--- code cell {number}/{total} still running ({now - since:.0f} s in this cell, "
+                               f"nothing printed for {self.silence_s:.0f} s)\n")
+                self.out.flush()
+            except (ValueError, OSError):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 def _first_line(src: str) -> str:
@@ -128,10 +200,12 @@ def _rich_text(output: dict[str, Any]) -> str | None:
 class _Stream:
     """Where papermill's client sends each output as it arrives, and the cell-by-cell progress lines."""
 
-    def __init__(self, out: TextIO, err: TextIO) -> None:
+    def __init__(self, out: TextIO, err: TextIO, silence_s: float | None = None) -> None:
         self.out, self.err = LineFilter(out), LineFilter(err)
         self.numbers: dict[int, int] = {}  # cell index in the executed notebook -> number among the source's code cells
         self.start = time.monotonic()
+        self.silence_s = 2 * progress.interval_s() if silence_s is None else silence_s
+        self.watchdog: _Watchdog | None = None
 
     def begin(self, cells: list[Any]) -> None:
         """Number the code cells as the source notebook does (papermill's injected parameters cell is not one)."""
@@ -139,14 +213,21 @@ class _Stream:
                 and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
         self.numbers = {index: number for number, index in enumerate(code, 1)}
         self.start = time.monotonic()
+        if self.watchdog is None:
+            self.watchdog = _Watchdog(self.out, self.silence_s)
 
     def cell_start(self, cell: dict[str, Any], index: int | None) -> None:
         if index in self.numbers:
-            self.err.flush()
+            self.err.end_line()
+            self.out.end_line()
             self.out.write(_cell_line(self.numbers[index], len(self.numbers), _source(cell),
                                       time.monotonic() - self.start) + "\n")
+            if self.watchdog is not None:
+                self.watchdog.started(self.numbers[index], len(self.numbers))
 
     def output(self, output: dict[str, Any]) -> None:
+        if self.watchdog is not None:
+            self.watchdog.heard()
         kind = output.get("output_type")
         if kind == "stream":
             text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
@@ -163,6 +244,10 @@ class _Stream:
         self.out.flush()
         self.err.flush()
 
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
     def done(self) -> None:
         self.out.write(f"--- {len(self.numbers)} code cells in {time.monotonic() - self.start:.1f} s\n")
 
@@ -170,6 +255,29 @@ class _Stream:
 # --------------------------------------------------------------------------------------------------
 # The kernel
 # --------------------------------------------------------------------------------------------------
+
+# Run silently in the kernel before the notebook's cells when the run is logged: with DLO_PROGRESS=text in its
+# environment, tqdm.auto's bars become text lines (dlo.runtime.progress); without dlo there, nothing happens
+# (the notebook's first cell then says which kernel to pick).
+KERNEL_SETUP = ("try:\n"
+                "    from dlo.runtime.progress import install_from_env as _dlo_progress\n"
+                "    _dlo_progress()\n"
+                "    del _dlo_progress\n"
+                "except Exception:\n"
+                "    pass\n")
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """``os.environ`` with ``values`` set where they are not set already (the kernel inherits them)."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
 
 def registered_kernels() -> set[str]:
     """Names of the Jupyter kernels this Python can start (``jupyter kernelspec list``)."""
@@ -247,11 +355,20 @@ def _engine(stream: _Stream | None, kernel_io: _KernelOutput, kernel_manager_cla
     from papermill.engines import NBClientEngine, papermill_engines
     from papermill.log import logger
     from papermill.utils import merge_kwargs, remove_args
+    from nbclient.util import run_sync
 
     class Client(PapermillNotebookClient):
         def log_output_message(self, output: Any) -> None:
             if stream is not None:
                 stream.output(output)
+
+        async def async_start_new_kernel_client(self) -> Any:
+            kc = await super().async_start_new_kernel_client()
+            if stream is not None:  # text progress bars, before the first cell imports tqdm (silent: no output)
+                await self.async_wait_for_reply(kc.execute(KERNEL_SETUP, silent=True, store_history=False))
+            return kc
+
+        start_new_kernel_client = run_sync(async_start_new_kernel_client)  # what papermill's setup_kernel calls
 
     class Engine(NBClientEngine):
         @classmethod
@@ -314,10 +431,12 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
     stream = _Stream(out_stream, err_stream) if log_output else None
     kernel_io = _KernelOutput()
     manager = _this_python_kernel_manager() if kernel == THIS_PYTHON_KERNEL else None
+    text = {progress.ENV: "text"} if log_output else {}
     try:
-        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel,
-                            engine_name=_engine(stream, kernel_io, manager), cwd=str(notebook.parent),
-                            progress_bar=False, execution_timeout=timeout_s)
+        with _environ(**text):
+            pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel,
+                                engine_name=_engine(stream, kernel_io, manager), cwd=str(notebook.parent),
+                                progress_bar=False, execution_timeout=timeout_s)
     except pm.PapermillExecutionError as exc:
         where = _describe_failed_cell(notebook, executed)
         evalue = str(exc.evalue).splitlines()[0] if exc.evalue else ""
@@ -334,6 +453,7 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
     finally:
         kernel_io.close()
         if stream is not None:
+            stream.close()
             stream.flush()
     if stream is not None:
         stream.done()
@@ -412,8 +532,50 @@ class _PlainOutput:
         return mod
 
 
+class _Heard:
+    """``sys.stdout`` or ``sys.stderr`` of the plain engine in a log: what is written goes through a
+    :class:`LineFilter` and tells the watchdog that the cell is not silent. ``flush()`` by the cells' code flushes
+    the file, not the line in progress (a bar redrawn with ``\r`` flushes after each redraw)."""
+
+    def __init__(self, target: LineFilter, watchdog: "_Watchdog") -> None:
+        self._target, self._watchdog = target, watchdog
+
+    def write(self, text: str) -> int:
+        self._watchdog.heard()
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        self._target.target.flush()
+
+    def end_line(self) -> None:
+        self._target.end_line()
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+VALIDATE_TAG = "validate"  # the cells that compute and check a notebook's settings: `dlo run --dry-run` runs them
+
+
+def validation_cells(notebook: str | Path) -> int:
+    """How many code cells ``--dry-run`` runs: every one up to the last cell tagged ``validate`` (0: none tagged)."""
+    cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    tagged = [i for i, c in enumerate(cells, 1) if VALIDATE_TAG in c.get("metadata", {}).get("tags", [])]
+    return max(tagged, default=0)
+
+
 def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
-              out_dir: str | Path | None = None) -> dict[str, Any]:
+              out_dir: str | Path | None = None, upto: int | None = None) -> dict[str, Any]:
     """Execute a notebook's code cells in order in this process, without Jupyter (no kernel, no papermill).
 
     For machines that have torch but no Jupyter stack (a GPU node's bare Python): the code that runs is
@@ -421,7 +583,11 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     value of a cell's last expression is shown, as Jupyter shows it, and every display comes out as text
     (:class:`_PlainOutput`; figures as PNG files in ``<out_dir>/figures/``). The cells run in the notebook's
     folder, as in Jupyter (relative paths such as a sibling script resolve the same way). Returns the
-    final namespace.
+    final namespace. ``upto``: run only the first ``upto`` code cells.
+
+    When this process's stdout is not a terminal (a batch log), what the cells print goes through
+    :class:`LineFilter` (no colour codes, ``\r`` redraws at a bounded rate), tqdm bars are text lines
+    (:mod:`dlo.runtime.progress`), and a cell silent for 30 s gets a ``still running`` line.
     """
     import matplotlib
 
@@ -441,7 +607,15 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     plt_show, plt.show = plt.show, show
     ns: dict[str, Any] = {"__name__": "__main__", "display": fake.display}
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    total = len(cells)
+    cells = cells[:upto] if upto is not None else cells
     cwd = os.getcwd()
+    logged = not _is_terminal(sys.stdout)
+    watchdog, streams, undo_progress = None, (sys.stdout, sys.stderr), None
+    if logged:
+        watchdog = _Watchdog(sys.stdout, 2 * progress.interval_s())
+        sys.stdout, sys.stderr = _Heard(LineFilter(streams[0]), watchdog), _Heard(LineFilter(streams[1]), watchdog)
+        undo_progress = progress.install()
     os.chdir(notebook.parent)
     start = time.monotonic()
     try:
@@ -449,7 +623,12 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
             src = _source(cell)
             first = _first_line(src)
             shown.cell = number
-            print(_cell_line(number, len(cells), src, time.monotonic() - start), flush=True)
+            if logged:
+                sys.stderr.end_line()
+                sys.stdout.end_line()
+            print(_cell_line(number, total, src, time.monotonic() - start), flush=True)
+            if watchdog is not None:
+                watchdog.started(number, total)
             try:
                 tree = ast.parse(src)
                 last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
@@ -473,6 +652,13 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+        if logged:
+            watchdog.stop()
+            undo_progress()
+            for wrapped in (sys.stdout, sys.stderr):
+                wrapped.end_line()
+                wrapped.flush()
+            sys.stdout, sys.stderr = streams
     print(f"--- {len(cells)} code cells in {time.monotonic() - start:.1f} s"
           + (f"; {len(shown.saved)} figure(s) in {shown.figures_dir}" if shown.saved else ""), flush=True)
     return ns

@@ -25,6 +25,7 @@ from dlo.training.callbacks import (Callback, EarlyStopping, LoopState, batch_si
                                     resolution_at)
 from dlo.training.checkpoint import StopSignal, unwrap_model, load_checkpoint, save_checkpoint, set_rng_state
 from dlo.training.config import TrainConfig
+from dlo.runtime import progress
 from dlo.runtime.context import is_main_process
 from dlo.training.step import amp_dtype, make_grad_scaler, make_train_step, prepare_model, soft_target_criterion
 from dlo.training.evaluate import evaluate
@@ -128,6 +129,17 @@ def _iter_epoch(make_loader: Callable[[torch.Generator], Any], seed: int, epoch:
     for _ in range(skip):  # replay the batches already trained on, to land on the same next batch
         next(it)
     return it, len(loader)
+
+
+def _epoch_line(record: dict[str, Any], epochs: int, total: int) -> str:
+    """The log line of a finished epoch: ``train: epoch 2/3 at step 32/48, train loss 1.934, val accuracy 41.0 %
+    (3.2 s)``."""
+    parts = [f"train: epoch {record['epoch'] + 1}/{epochs} at step {record['step']}/{total}"]
+    if "train_loss" in record:
+        parts.append(f"train loss {record['train_loss']:.3f}")
+    if "val_accuracy" in record:
+        parts.append(f"val accuracy {100 * record['val_accuracy']:.1f} %")
+    return ", ".join(parts) + f" ({record['seconds']:.1f} s)"
 
 
 def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: TrainConfig,
@@ -258,6 +270,10 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
     for cb in callbacks:
         cb.on_train_start(loop_state)
     bar = tqdm(total=total, initial=step, desc="train", disable=not cfg.progress, leave=False)
+    # in a batch log (text progress, see dlo.runtime.progress): a line per epoch, and without a bar a line at most
+    # every 30 s, whatever log_every is (it reads no loss: no synchronisation)
+    logged = progress.text_mode() and is_main_process()
+    heartbeat = progress.Heartbeat() if logged and not cfg.progress else None
     model.train()
     t_start = time.perf_counter()
     status = "FAILED"
@@ -302,6 +318,9 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                     for cb in callbacks:
                         cb.on_step_end(loop_state, loss)
                     bar.update(1)
+                    if heartbeat is not None:
+                        heartbeat.beat(lambda: f"train: step {step}/{total} (epoch {epoch + 1}), "
+                                               f"{time.perf_counter() - t_start:.0f} s")
                     if step % cfg.log_every == 0 or step == total:
                         loss_value = loss.item()  # one synchronisation every log_every steps, not every step
                         result.records.append({"event": "train", "step": step, "epoch": epoch, "loss": loss_value,
@@ -345,6 +364,8 @@ def train(model: nn.Module, make_loader: Callable[[torch.Generator], Any], cfg: 
                         record.update(val_loss=metrics["loss"], val_accuracy=metrics["accuracy"],
                                       eval_seconds=time.perf_counter() - t_eval)
                     result.records.append(record)
+                    if logged:
+                        print(_epoch_line(record, cfg.epochs, total), flush=True)
                     if tracker is not None:
                         tracker.log({f"val/{k[4:]}" if k.startswith("val_") else f"epoch/{k}": v
                                      for k, v in record.items() if k not in ("event", "epoch", "step")}
