@@ -320,3 +320,86 @@ def test_group_of_one_listens_only_on_loopback():
     listening, ifname = out.stdout.split("\n")[:2]
     assert set(listening.split()) <= {"127.0.0.1", "::1", "none"}, listening
     assert ifname.startswith("lo"), ifname  # gloo was told to use the loopback interface
+
+
+# --------------------------------------------------------------------------------------------------
+# Sharded (torch.distributed.checkpoint) checkpoints: torch's own reader unpickles the folder's .metadata
+# --------------------------------------------------------------------------------------------------
+
+class _RunsCommand:
+    """Unpickling this object runs ``os.system(command)``: what a crafted ``.metadata`` would do."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def test_crafted_sharded_metadata_is_refused_without_running_it(tmp_path):
+    """A folder whose .metadata pickle would run a shell command: refused in one line naming the file, by the
+    check load_sharded makes first and by the reader it hands to dcp.load; the command never runs."""
+    import pickle
+
+    from dlo.parallel import fsdp
+
+    marker = tmp_path / "code-ran"
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(pickle.dumps(_RunsCommand(f"touch {marker}")))
+    (folder / "__0_0.distcp").write_bytes(b"")
+    for read in (lambda: fsdp.read_sharded_metadata(folder),
+                 lambda: fsdp._safe_dcp_reader(folder).read_metadata(),
+                 lambda: fsdp.load_sharded(folder, model=None, optimizer=None)):  # refused before the model is used
+        with pytest.raises(fsdp.UnsafeCheckpoint) as exc:
+            read()
+        assert not marker.exists(), "reading the checkpoint's metadata ran its code"
+        msg = _one_line(exc)
+        assert str(folder / ".metadata") in msg and "system" in msg
+    (folder / ".metadata").write_bytes(pickle.dumps({"not": "metadata"}))
+    with pytest.raises(fsdp.UnsafeCheckpoint, match="holds a dict, not a Metadata"):
+        fsdp.read_sharded_metadata(folder)
+    (folder / ".metadata").write_bytes(os.urandom(64))
+    with pytest.raises(fsdp.UnsafeCheckpoint) as exc:
+        fsdp.read_sharded_metadata(folder)
+    assert str(folder / ".metadata") in _one_line(exc)
+    with pytest.raises(FileNotFoundError, match="save one"):
+        fsdp.load_sharded(tmp_path / "nothing", model=None, optimizer=None)
+
+
+@pytest.fixture(scope="module")
+def crafted_sharded(tmp_path_factory):
+    """tests/scripts/dcp_crafted.py in a group of one: a real save and load, then three crafted folders."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("dcp_crafted")
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR",
+            "MASTER_PORT", "DLO_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in drop} | {"OMP_NUM_THREADS": "1"}
+    script = Path(__file__).parent / "scripts" / "dcp_crafted.py"
+    run = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((out / "result.json").read_text()), out
+
+
+def test_sharded_checkpoint_round_trip_in_one_process(crafted_sharded):
+    result, _ = crafted_sharded
+    trip = result["round_trip"]
+    assert trip["step"] == 2 and trip["params_equal"]
+    # the optimizer's plain values came back through the weights_only reader, its state too
+    assert trip["lr"] == 3e-3 and trip["betas"] == [0.9, 0.999] and trip["adam_steps"] == [2.0]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("metadata", ["crafted/.metadata", "io.open"]),  # the .metadata pickle itself
+    ("outside", ["outside/.metadata", "points outside its folder", "../real/"]),  # a shard path leaving the folder
+    ("values", ["values", "optim.param_groups.0.lr", "not plain data"]),  # valid metadata, a value that runs code
+])
+def test_crafted_sharded_checkpoint_runs_no_code(crafted_sharded, case, words):
+    result, out = crafted_sharded
+    rec = result[case]
+    assert rec["marker"] is False and not (out / f"marker-{case}").exists(), f"loading {case} ran its code"
+    assert rec["error"] == "UnsafeCheckpoint", rec
+    assert "\n" not in rec["message"] and all(w in rec["message"] for w in words), rec["message"]
