@@ -406,3 +406,25 @@ def test_when_the_sweep_batch_was_not_kept_retries_are_timed_against_the_best_at
     lad.final_comparison(**OPTS)
     s = lad.summary()
     assert s["final_batch_size"] == LARGE and s["final_speedup"] == pytest.approx(1.8)
+
+
+def test_jour1_re_tries_at_the_chosen_batch_and_its_rehearsal_reaches_the_re_try():
+    """The notebook calls Ladder.retry after the sweep and states each retry through conclude(kind="retry"); the
+    dry profile (the full profile rehearsed on a CPU in CI) sweeps only batches other than the ladder's, so that
+    the re-try always runs there; the full profile re-tries torch.compile too."""
+    import ast
+
+    from dlo.course.notebooks import profile_settings
+    from dlo.runtime.paths import ROOT
+
+    cells = json.loads((ROOT / "Jour1" / "jour1.ipynb").read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert code.index("largest_batch(try_batch") < code.index("lad.retry(make_call") < code.index("lad.final_comparison(")
+    assert 'kind="retry"' in code
+    statement = next(node for node in ast.parse(code).body if isinstance(node, ast.Assign)
+                     and any(getattr(t, "id", None) == "PROFILES" for t in node.targets))
+    scope: dict = {}
+    exec(compile(ast.Module([statement], []), "PROFILES", "exec"), scope)
+    dry, full = profile_settings(scope["PROFILES"], "dry"), profile_settings(scope["PROFILES"], "full")
+    assert dry["sweep"] and dry["batch_size"] not in dry["sweep"]
+    assert full["retry_compile"] is True
