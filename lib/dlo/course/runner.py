@@ -70,10 +70,88 @@ def _prepare(notebook: str | Path, profile: str, parameters: dict[str, Any] | No
 
 
 def check_request(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
-                  out_dir: str | Path | None = None) -> tuple[Path, dict[str, Any], Path]:
+                  out_dir: str | Path | None = None, validate: bool = True) -> tuple[Path, dict[str, Any], Path]:
     """What ``dlo run --dry-run`` does: every check of a run (notebook, parameter names and types, output folder,
-    created if missing) without starting anything. Returns (notebook, parameters to inject, output folder)."""
-    return _prepare(notebook, profile, parameters, out_dir)
+    created if missing) without starting anything; then, with ``validate``, the notebook's own checks: its code
+    cells up to the last one tagged ``validate`` (its set-up, parameters and settings cells, which compute the
+    settings and refuse bad values without starting the work), run by the plain engine in another Python
+    (:func:`validate_notebook`). Returns (notebook, parameters to inject, output folder); a refused value is a
+    :class:`NotebookArgumentError` whose message is the notebook's own line."""
+    path, params, out = _prepare(notebook, profile, parameters, out_dir)
+    if validate and validation_cells(path):
+        validate_notebook(path, params, out)
+    return path, params, out
+
+
+VALIDATE_TAG = "validate"  # the cells that compute and check a notebook's settings: `dlo run --dry-run` runs them
+
+
+def validation_cells(notebook: str | Path) -> int:
+    """How many code cells ``--dry-run`` runs: every one up to the last cell tagged ``validate`` (0: none tagged)."""
+    cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    tagged = [i for i, c in enumerate(cells, 1) if VALIDATE_TAG in c.get("metadata", {}).get("tags", [])]
+    return max(tagged, default=0)
+
+
+def validate_notebook(notebook: Path, params: dict[str, Any], out: Path, timeout_s: float = 600) -> str:
+    """Run ``notebook``'s validation cells (:func:`validation_cells`) with ``params`` in a fresh Python, their
+    output left out; returns the profile they ran with. The full profile, on a machine without a GPU (a login
+    node), is checked as its CPU rehearsal ``dry``: the full profile's values and branches, with the GPU counts
+    the notebook gives a CPU. NotebookArgumentError with the failing cell's line when they refuse a value."""
+    import subprocess
+
+    import dlo
+
+    lib = str(Path(dlo.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p)}
+    request = repr({"notebook": str(notebook), "params": params, "out": str(out)})
+    try:
+        res = subprocess.run([sys.executable, "-c", "from dlo.course.runner import _validate_child; _validate_child()",
+                              request], capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise NotebookArgumentError(f"{notebook.name}: its checks (--dry-run) did not finish in {timeout_s:.0f} s") \
+            from None
+    answer = res.stdout.strip().splitlines()[-1:] if res.stdout.strip() else []
+    try:
+        result = json.loads(answer[0]) if answer else None
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise NotebookArgumentError(f"{notebook.name}: its checks (--dry-run) could not run: {last}")
+    if result.get("error"):
+        note = (" (checked with profile 'dry', the full profile rehearsed on a CPU: this machine has no GPU)"
+                if result.get("profile") != params.get("profile") else "")
+        raise NotebookArgumentError(result["error"] + note)
+    return result["profile"]
+
+
+def _validate_child() -> None:
+    """The other Python of :func:`validate_notebook`: one JSON line on stdout, ``{"profile", "error"}``."""
+    import contextlib
+    import io
+
+    request = ast.literal_eval(sys.argv[1])
+    params = dict(request["params"])
+    profile = params.pop("profile")
+    if profile == "full":
+        import torch
+
+        if not torch.cuda.is_available():
+            profile = "dry"
+    error = None
+    sink = io.StringIO()
+    real = sys.stdout
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            run_plain(request["notebook"], profile=profile, parameters=params, out_dir=request["out"],
+                      upto=validation_cells(request["notebook"]))
+    except NotebookError as exc:
+        error = str(exc)
+    except SystemExit as exc:  # the kernel guard: no dlo in this Python
+        error = f"{Path(request['notebook']).name}: {exc}"
+    real.write(json.dumps({"profile": profile, "error": error}) + "\n")
+    real.flush()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -508,7 +586,8 @@ class _PlainOutput:
         titles = [t for t in [getattr(fig, "_suptitle", None) and fig._suptitle.get_text(),
                               *(ax.get_title() for ax in fig.axes)] if t]
         self.figures_dir.mkdir(parents=True, exist_ok=True)
-        path = self.figures_dir / f"cell{self.cell:02d}-{len(self.saved) + 1:02d}.png"
+        prefix = f"cell{self.cell:02d}-"
+        path = self.figures_dir / f"{prefix}{sum(p.name.startswith(prefix) for p in self.saved) + 1:02d}.png"
         fig.savefig(path)
         self.saved.append(path)
         print(f"[figure: {' | '.join(titles) or 'untitled'} -> {path}]", flush=True)
@@ -562,16 +641,6 @@ def _is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
-
-
-VALIDATE_TAG = "validate"  # the cells that compute and check a notebook's settings: `dlo run --dry-run` runs them
-
-
-def validation_cells(notebook: str | Path) -> int:
-    """How many code cells ``--dry-run`` runs: every one up to the last cell tagged ``validate`` (0: none tagged)."""
-    cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
-    tagged = [i for i, c in enumerate(cells, 1) if VALIDATE_TAG in c.get("metadata", {}).get("tags", [])]
-    return max(tagged, default=0)
 
 
 def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
