@@ -198,8 +198,18 @@ def _pipeline_parse(out: Path, records: Any) -> tuple[float | None, dict[str, An
     if not runs:
         return None, {"why": "no measured 1F1B step in the records"}
     rec = runs[-1]
-    gap = abs(rec["bubble"] - rec["bubble_theory"]) / rec["bubble_theory"]
-    return 100 * gap, {k: rec.get(k) for k in ("stages", "micro_batches", "bubble", "bubble_theory", "step_s")}
+    details = {k: rec.get(k) for k in ("stages", "micro_batches", "bubble", "bubble_theory", "step_s")}
+    theory = rec.get("bubble_theory")
+    if not isinstance(theory, (int, float)) or theory <= 0:
+        return None, {**details, "why": f"no bubble in theory ({theory!r}: one stage?), so no gap to it"}
+    # Signed: above theory is the schedule's cost; far below it, the measurement is wrong (no schedule of equal
+    # stages beats (p-1)/(m+p-1)). The value judged is the size of the gap, so neither side is "met" when far off.
+    signed = 100 * (rec["bubble"] - theory) / theory
+    details.update(gap_signed_pct=signed, side="above theory" if signed >= 0 else "below theory")
+    if signed < -15:
+        details["note"] = ("bubble far below what 1F1B allows: the timing is off (unequal stages, or a step timed "
+                           "without its pipeline waits), not the schedule better")
+    return abs(signed), details
 
 
 def _tp_args(gpus: int) -> list[str]:
