@@ -17,9 +17,6 @@ from dlo.course import student as stu
 from dlo.runtime.paths import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Jour 1's settings cell gets its `validate` tag once the notebook's other changes in progress are in
-JOUR1_PENDING = pytest.mark.xfail(runner.validation_cells(ROOT / "Jour1" / "jour1.ipynb") == 0,
-                                  reason="Jour1/jour1.ipynb: its settings cell is not tagged `validate` yet", strict=True)
 
 
 def _dry_run(notebook: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -31,8 +28,7 @@ def _code_cells(nb: Path) -> list[dict]:
     return [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
 
 
-@pytest.mark.parametrize("nb", [pytest.param(nb, marks=JOUR1_PENDING) if nb.name == "jour1.ipynb" else nb
-                                for nb in nbs.source_notebooks()], ids=lambda p: p.stem)
+@pytest.mark.parametrize("nb", nbs.source_notebooks(), ids=lambda p: p.stem)
 def test_every_notebook_tags_its_validation_cells(nb):
     """The settings cell (the one after `parameters`) is tagged `validate`, and no cell up to the last tagged one is
     an exercise, a check or the work: the dry run runs exactly the set-up, parameters and settings cells."""
@@ -60,10 +56,8 @@ def test_a_dry_run_runs_the_validation_cells_and_nothing_after(tmp_path):
 
 
 BAD = [  # (notebook, arguments, environment, what the notebook says)
-    pytest.param("Jour1/jour1.ipynb", ["-p", "batch_size", "-5"], {},
-                 "ValueError: batch_size must be a positive integer, got -5", marks=JOUR1_PENDING),
-    pytest.param("Jour1/jour1.ipynb", ["-p", "batch_size", "0"], {},
-                 "ValueError: batch_size must be a positive integer, got 0", marks=JOUR1_PENDING),
+    ("Jour1/jour1.ipynb", ["-p", "batch_size", "-5"], {}, "ValueError: batch_size must be a positive integer, got -5"),
+    ("Jour1/jour1.ipynb", ["-p", "batch_size", "0"], {}, "ValueError: batch_size must be a positive integer, got 0"),
     ("Jour2/augment.ipynb", ["-p", "device", "gpu"], {}, "ValueError: unknown device 'gpu'"),
     ("Jour2/augment.ipynb", ["-p", "data_dir", "/does/not/exist"], {},
      "FileNotFoundError: data_dir /does/not/exist does not exist"),
