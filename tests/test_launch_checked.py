@@ -1,0 +1,101 @@
+"""A launch of a course script checks the steps its ranks need first (one line, nothing started), and ranks that
+fail show as one line each and the log's path, not as their tracebacks."""
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dlo.course.checks import CheckFailed, launching
+from dlo.runtime.launch import LaunchError
+from dlo.runtime.paths import ROOT
+
+STUDENT = ROOT / "Jour2" / "student" / "dp_scratch_train.py"
+SOLUTION = ROOT / "Jour2" / "dp_scratch_train.py"
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launching, "launch", lambda *a, **k: calls.append((a, k)) or [{"rank": 0}])
+    return calls
+
+
+def test_unwritten_steps_refuse_the_launch_in_one_line_before_any_process(launches):
+    with pytest.raises(CheckFailed) as info:
+        launching.launch_checked("dp_scratch", STUDENT, ["--repeats", "1"], nproc=2)
+    line = info.value.one_line()
+    assert line.startswith("NOT YET dp_scratch/naive: launch refused: dp_scratch_train.py does not pass step(s) "
+                           "naive, broadcast, overlap, buckets, no_sync yet; naive: not implemented yet"), line
+    assert line.endswith("hint: dlo hint dp_scratch naive") and "\n" not in line
+    assert info.value._render_traceback_() == [f"\x1b[31m{line}\x1b[0m"]  # what the notebook shows: that line only
+    assert launches == []  # nothing was started
+
+
+def test_steps_written_let_the_launch_go(launches):
+    assert launching.launch_checked("dp_scratch", SOLUTION, ["--repeats", "1"], nproc=2, steps=["naive"],
+                                    timeout_s=60) == [{"rank": 0}]
+    (args, kwargs), = launches
+    assert args == (SOLUTION, ["--repeats", "1"], 2) and kwargs == {"timeout_s": 60}
+
+
+def test_the_steps_asked_for_are_the_ones_checked(launches):
+    with pytest.raises(CheckFailed, match=r"does not pass step\(s\) overlap yet"):
+        launching.launch_checked("dp_scratch", STUDENT, nproc=2, steps=["overlap"])
+    assert [f.step for f in launching.steps_not_passing("dp_scratch", STUDENT, ["naive", "buckets"])] == \
+        ["naive", "buckets"]
+    assert launching.steps_not_passing("dp_scratch", STUDENT, []) == []
+
+
+LOG = """[torchrun] W1128 torch/distributed/run.py:803] Setting OMP_NUM_THREADS
+[rank0] step 1
+[rank1] Traceback (most recent call last):
+[rank1]   File "x.py", line 3, in <module>
+[rank1]     main()
+[rank1] NotImplementedError: write step 3 (overlap)
+[rank2] Traceback (most recent call last):
+[rank2]   File "x.py", line 3, in <module>
+[rank2] torch.distributed.DistBackendError: Connection closed by peer
+[rank0] still here
+[torchrun] torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"""
+
+
+def test_failed_ranks_are_those_with_a_traceback_each_with_its_exception():
+    err = LaunchError("rank 1 of x.py failed", rank=1, last_line="NotImplementedError: write step 3 (overlap)",
+                      log=LOG, records_dir=Path("/tmp/launch"))
+    assert launching.failed_ranks(err) == {1: "NotImplementedError: write step 3 (overlap)",
+                                           2: "torch.distributed.DistBackendError: Connection closed by peer"}
+    killed = LaunchError("rank 3 of x.py failed with exit code -9 (SIGKILL)", rank=3, last_line="", log="[rank3] hi")
+    assert launching.failed_ranks(killed) == {3: "(no output)"}
+
+
+def test_the_live_output_leaves_out_tracebacks_and_the_launchers_report():
+    out = io.StringIO()
+    filt = launching._WithoutTracebacks(out)
+    for line in LOG.splitlines():
+        filt.write(line + "\n")
+    assert out.getvalue().splitlines() == ["[rank0] step 1", "[rank0] still here"]
+
+
+def test_failing_ranks_show_one_line_each_and_the_log(tmp_path, capsys):
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""\
+        import os
+        rank = int(os.environ["RANK"])
+        print(f"rank {rank} starts", flush=True)
+        if rank > 0:
+            def step():
+                raise ValueError(f"bad value on rank {rank}")
+            step()
+        """))
+    with pytest.raises(launching.RanksFailed) as info:
+        launching.launch_checked("dp_scratch", script, nproc=3, steps=[], timeout_s=300, records_dir=tmp_path / "rec")
+    shown = info.value._render_traceback_()
+    assert shown == ["rank 1 failed: ValueError: bad value on rank 1", "rank 2 failed: ValueError: bad value on rank 2",
+                     f"fails.py on 3 processes failed; every rank's output: {tmp_path / 'rec' / 'launch.log'}"]
+    printed = capsys.readouterr().out
+    assert "[rank0] rank 0 starts" in printed and "Traceback" not in printed and "[torchrun]" not in printed
+    assert "Traceback" in (tmp_path / "rec" / "launch.log").read_text()  # the whole output is in the log
+    assert isinstance(info.value, LaunchError) and str(info.value).startswith("rank ")
