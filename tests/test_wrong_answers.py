@@ -6,6 +6,9 @@ mistake its name describes, and sets ``EXPECT``: words the checker's message mus
 insensitive) so that the message names the mistake, not only "something differs". Files are loaded like
 a course script (``load_exercises``), so the multi-process checkers can start processes that import them.
 
+Correct alternatives live beside them, named ``ok_<what>.py`` (no ``EXPECT``): a right answer written another
+way than the reference solution, which the checker must accept (:func:`test_correct_alternative_passes`).
+
 Every run prints the corpus size and the rejection rate at the end (tests/conftest.py adds it to the summary; it
 counts the answers of every xdist worker, since ``make test`` spreads this file's tests over both cores).
 """
@@ -18,7 +21,8 @@ import pytest
 from dlo.course import checks
 
 CORPUS = Path(__file__).with_name("wrong_answers")
-FILES = sorted(CORPUS.glob("*/*/*.py"))
+FILES = sorted(p for p in CORPUS.glob("*/*/*.py") if not p.name.startswith("ok_"))
+CORRECT = sorted(CORPUS.glob("*/*/ok_*.py"))
 
 
 def _id(path: Path) -> str:
@@ -72,3 +76,15 @@ def test_wrong_answer_is_rejected_with_a_reason(path: Path, record_property):
     assert "not implemented yet" not in message, f"{_id(path)}: the wrong answer must be a complete answer"
     for word in words:
         assert word.lower() in message.lower(), f"{_id(path)}: the message does not say {word!r}: {message}"
+
+
+@pytest.mark.parametrize("path", CORRECT, ids=[_id(p) for p in CORRECT])
+def test_correct_alternative_passes(path: Path):
+    course, step = path.parent.parent.name, path.parent.name
+    assert course in checks.REGISTRY and step in checks.REGISTRY[course], f"{_id(path)}: no such step"
+    ns = checks.load_exercises(path)
+    assert "EXPECT" not in ns, f"{_id(path)}: a correct alternative expects no message"
+    try:
+        checks.check(course, step, ns)
+    except checks.CheckFailed as error:
+        pytest.fail(f"{_id(path)}: the checker rejected this correct answer: {error}")

@@ -8,6 +8,13 @@ each rank records timestamps:
   active, so that every all-reduce the code under it launches (from a hook, from DDP's Python comm hook,
   from a plain loop) is recorded without changing that code: launch time, completion time, size, whether
   it was asynchronous, which compute span was open at its launch, and whether its handle was waited on.
+  With ``defer=True`` (what the course's checkers use) an asynchronous all-reduce's result only reaches
+  its tensor when its handle is waited for, as a real backend guarantees nothing before: a handle never
+  waited for leaves the tensor as it was, and the wait itself is an event (which compute span it came in,
+  and what happened between launch and wait).
+
+Every event carries ``seq``, its place in the order of everything the timeline recorded (spans' starts and
+ends, launches, waits): the order, unlike the clock, does not depend on the machine's load.
 
 Where the time comes from is kept behind two small functions, :func:`new_marker` and :func:`elapsed_s`:
 on the CPU a marker is ``time.perf_counter()``; on a GPU it is a CUDA event recorded in the current stream
@@ -20,6 +27,7 @@ CPU in gloo's thread; on a GPU in stream order).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +68,9 @@ class Timeline:
 
     Each event is a dict: ``lane`` ("compute" or "comm"), ``name``, ``step``, ``start_s``, ``end_s`` and,
     for collectives, ``bytes``, ``numel``, ``async_op``, ``during`` (the compute span open at launch, or
-    None) and ``waited`` (whether ``wait()`` was called on its handle).
+    None) and ``waited`` (whether ``wait()`` was called on its handle). ``seq`` orders the events (a span's
+    start; ``end_seq`` its end); a collective's ``wait_seq`` and ``wait_during`` say when it was waited for
+    and which span was open then (a blocking call is waited for at its launch).
     """
 
     def __init__(self, device: torch.device | str | None = None, rank: int = 0) -> None:
@@ -71,6 +81,12 @@ class Timeline:
         self._origin: Any = None
         self._raw: list[dict] = []
         self._lock = threading.Lock()
+        self._seq = itertools.count()
+
+    def next_seq(self) -> int:
+        """The next place in the order of recorded events."""
+        with self._lock:
+            return next(self._seq)
 
     def start(self, step: int | None = None) -> None:
         """Set time zero (call it on every rank right after a barrier, so the ranks' times line up)."""
@@ -86,13 +102,13 @@ class Timeline:
     @contextlib.contextmanager
     def span(self, name: str) -> Iterator[None]:
         """Record the compute between entering and leaving the block as one event named ``name``."""
-        start = self.mark()
+        start, seq = self.mark(), self.next_seq()
         previous, self.open_span = self.open_span, name
         try:
             yield
         finally:
             self.open_span = previous
-            self.add("compute", name, start, new_marker(self.device))
+            self.add("compute", name, start, new_marker(self.device), seq=seq, end_seq=self.next_seq())
 
     def add(self, lane: str, name: str, start: Any, end: Any = None, **meta: Any) -> dict:
         raw = {"lane": lane, "name": name, "step": self.step, "_start": start, "_end": end, **meta}
@@ -122,46 +138,93 @@ class Timeline:
 
 
 class _RecordedWork:
-    """The handle of a recorded asynchronous collective: the real one, plus whether it was waited on."""
+    """The handle of a recorded asynchronous collective: the real one, plus when it was waited on."""
 
-    def __init__(self, work: Any, raw: dict) -> None:
-        self._work, self._raw = work, raw
+    def __init__(self, work: Any, raw: dict, timeline: Timeline) -> None:
+        self._work, self._raw, self._timeline = work, raw, timeline
+
+    def _mark_waited(self) -> None:
+        if self._raw["wait_seq"] is None:
+            self._raw["waited"] = True
+            self._raw["wait_seq"] = self._timeline.next_seq()
+            self._raw["wait_during"] = self._timeline.open_span
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        self._raw["waited"] = True
+        self._mark_waited()
         return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # is_completed, get_future, result, ...
         return getattr(self._work, name)
 
 
+class _DeferredWork(_RecordedWork):
+    """The handle of a deferred all-reduce: the collective runs on a copy of the tensor, and the result is
+    copied into the tensor itself when the handle is waited for. Until then the handle is not completed."""
+
+    def __init__(self, work: Any, raw: dict, timeline: Timeline, tensor: torch.Tensor, copy: torch.Tensor) -> None:
+        super().__init__(work, raw, timeline)
+        self._tensor, self._copy, self._applied = tensor, copy, False
+
+    def _apply(self) -> None:
+        if not self._applied:
+            self._applied = True
+            self._tensor.copy_(self._copy)
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._mark_waited()
+        out = self._work.wait(*args, **kwargs)
+        self._apply()
+        return out
+
+    def is_completed(self) -> bool:
+        return self._applied
+
+    def get_future(self) -> Any:
+        """A future of the result, which lands in the tensor when the collective completes (whoever waits on a
+        future counts as waiting for the handle)."""
+        def land(fut: Any) -> list[torch.Tensor]:
+            fut.value()
+            self._mark_waited()
+            self._apply()
+            return [self._tensor]
+
+        return self._work.get_future().then(land)
+
+
 @contextlib.contextmanager
-def record_collectives(timeline: Timeline) -> Iterator[Timeline]:
+def record_collectives(timeline: Timeline, *, defer: bool = False) -> Iterator[Timeline]:
     """Inside the block, every ``torch.distributed.all_reduce`` call becomes a "comm" event of ``timeline``.
 
-    The call itself is unchanged (same tensor, op, group, async or not); it is only timed. Code that
-    imported the function under another name (``from torch.distributed import all_reduce``) is not seen.
+    The call itself is unchanged (same tensor, op, group, async or not); it is only timed. With ``defer``,
+    an asynchronous all-reduce reduces a copy of its tensor and writes the result into the tensor only when
+    its handle is waited for (see the module docstring). Code that imported the function under another name
+    (``from torch.distributed import all_reduce``) is not seen.
     """
     real = dist.all_reduce
 
     def recorded(tensor: torch.Tensor, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
         if len(args) >= 3:  # all_reduce(tensor, op, group, async_op) called positionally
             args, async_op = args[:2], bool(args[2])
+        seq = timeline.next_seq()
         raw = timeline.add("comm", "all_reduce", timeline.mark(), None, bytes=tensor.numel() * tensor.element_size(),
                            numel=tensor.numel(), async_op=bool(async_op), during=timeline.open_span,
-                           waited=not async_op)
+                           waited=not async_op, seq=seq, wait_seq=None if async_op else seq,
+                           wait_during=None if async_op else timeline.open_span)
         if not async_op:
             out = real(tensor, *args, async_op=False, **kwargs)
             raw["_end"] = new_marker(timeline.device)
             return out
-        work = real(tensor, *args, async_op=True, **kwargs)
+        target = tensor.detach().clone() if defer else tensor
+        work = real(target, *args, async_op=True, **kwargs)
 
         def done(fut: Any) -> Any:
             raw["_end"] = new_marker(timeline.device)  # runs after the collective (gloo thread / stream order)
             return fut.value()
 
         work.get_future().then(done)
-        return _RecordedWork(work, raw)
+        if defer:
+            return _DeferredWork(work, raw, timeline, tensor, target)
+        return _RecordedWork(work, raw, timeline)
 
     dist.all_reduce = recorded
     try:

@@ -1,7 +1,7 @@
 """All-reduces a new tensor (p.grad / world builds one): the average lands in a temporary, p.grad is untouched."""
 import torch.distributed as dist
 
-EXPECT = ["own gradient", "not a copy"]
+EXPECT = ["own gradient", "not on a copy"]
 
 
 def allreduce_gradients(model):

@@ -13,10 +13,12 @@ EXPECT = "forward"
 def train_step_accumulated(model, sync, micro_batches, criterion, optimizer):
     k = len(micro_batches)
     optimizer.zero_grad(set_to_none=True)
+    total = 0.0
     for i, (x, y) in enumerate(micro_batches):
         loss = criterion(model(x), y) / k
         with sync.no_sync() if i < k - 1 else contextlib.nullcontext():
             loss.backward()
+        total += loss.item()
     sync.finish()
     optimizer.step()
-    return loss.detach()
+    return total
