@@ -58,6 +58,8 @@ def test_a_dry_run_runs_the_validation_cells_and_nothing_after(tmp_path):
 BAD = [  # (notebook, arguments, environment, what the notebook says)
     ("Jour1/jour1.ipynb", ["-p", "batch_size", "-5"], {}, "ValueError: batch_size must be a positive integer, got -5"),
     ("Jour1/jour1.ipynb", ["-p", "batch_size", "0"], {}, "ValueError: batch_size must be a positive integer, got 0"),
+    ("Jour1/jour1.ipynb", ["-p", "repeats", "2"], {}, "ValueError: repeats must be an integer >= 3"),
+    ("Jour1/jour1.ipynb", ["-p", "sweep", "[1024, 0]"], {}, "ValueError: sweep must be a non-empty list of positive"),
     ("Jour2/augment.ipynb", ["-p", "device", "gpu"], {}, "ValueError: unknown device 'gpu'"),
     ("Jour2/augment.ipynb", ["-p", "data_dir", "/does/not/exist"], {},
      "FileNotFoundError: data_dir /does/not/exist does not exist"),
@@ -80,6 +82,16 @@ def test_dry_run_refuses_what_the_run_would_refuse_in_one_line(tmp_path, noteboo
     assert len(lines) == 1 and lines[0].startswith(f"error: {Path(notebook).name}: code cell 3 (") \
         and expected in lines[0], lines
     assert res.stdout == "" and not (tmp_path / Path(notebook).name).exists() and not list(tmp_path.glob("*.json"))
+
+
+def test_gpu_check_quick_values_pass_jour1s_own_checks(tmp_path):
+    """What ``dlo gpu-check --quick`` gives Jour 1 (fewer repeats, a short sweep) is accepted before a GPU job starts."""
+    from dlo.course.gpu_check import JOUR1_QUICK
+
+    args = [a for name, value in JOUR1_QUICK.items() for a in ("-p", name, value)]
+    res = _dry_run("Jour1/jour1.ipynb", "--profile", "full", "--out-dir", str(tmp_path), *args)
+    assert res.returncode == 0 and res.stdout.startswith("ok: jour1.ipynb would run with profile='full'"), \
+        res.stdout + res.stderr
 
 
 def test_dry_run_passes_good_values(tmp_path):

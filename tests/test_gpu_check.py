@@ -13,7 +13,7 @@ import pytest
 from dlo.cli import build_parser
 from dlo.course import gpu_check as gc
 from dlo.course.checks import load_exercises
-from dlo.course.notebooks import source_notebooks
+from dlo.course.notebooks import parse_value, source_notebooks
 from dlo.course.runner import check_request
 from dlo.lessons import mixing, race
 from dlo.runtime.launch import LaunchError
@@ -36,8 +36,16 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
         if command[0] == "module":
             args = command[1]
             if args[0] == "run":
+                quick = bench.command(gpus, False, tmp_path, True)[1]
+                assert quick[:len(args)] == args and quick[len(args):] == [
+                    a for k, v in gc.JOUR1_QUICK.items() for a in ("-p", k, v)]
+                check_request(parsed_quick := build_parser().parse_args(quick).notebook, profile="full",
+                              parameters={k: parse_value(v) for k, v in gc.JOUR1_QUICK.items()},
+                              out_dir=tmp_path / "jour1q", validate=False)
+                assert parsed_quick.endswith("jour1.ipynb")
                 parsed = build_parser().parse_args(args)
-                check_request(parsed.notebook, profile=parsed.profile, out_dir=tmp_path / "jour1")
+                check_request(parsed.notebook, profile=parsed.profile, out_dir=tmp_path / "jour1",
+                              validate=False)  # the notebook's own checks: tests/test_dry_run.py
             elif args[0] == "mix-bench":
                 mixing._parser().parse_args(args[1:])
             elif args[0] == "race":

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dlo.course.notebooks import missing_packages, source_notebooks
+from dlo.data.cifar import find_cifar10
 from dlo.measure.bench import environment_info
 from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.errors import first_line
@@ -123,9 +125,15 @@ def _scaled(script: str, full_args: Callable[[int], list[str]], gpus: int, dry: 
         return ("launch", script, shrink(full_args(DRY_GPUS)), DRY_GPUS)
     return ("launch", script, shrink(full_args(gpus), QUICK_STEPS) if quick else full_args(gpus), gpus)
 
+#: ``--quick``: Jour 1's full profile (its batch, model and data) with fewer timed calls, shorter warm-up caps and a
+#: sweep of the batches where an H100 changes regime (1024: still launch-bound; 8192: the fastest measured so far).
+JOUR1_QUICK = {"repeats": "7", "warmup_s": "20", "sweep": "[1024, 8192]"}
+
+
 def _jour1_command(gpus: int, dry: bool, out: Path, quick: bool = False) -> tuple:
+    quick_args = [a for name, value in JOUR1_QUICK.items() for a in ("-p", name, value)] if quick and not dry else []
     return ("module", ["run", "Jour1/jour1.ipynb", "--engine", "plain", "--profile", "smoke" if dry else "full",
-                       "--out-dir", str(out)])
+                       "--out-dir", str(out), *quick_args])
 
 
 def _jour1_parse(out: Path, _outputs: Any) -> tuple[float | None, dict[str, Any]]:
@@ -270,8 +278,6 @@ def _race_unavailable(dry: bool) -> str | None:
     """A race time compares with airbench94 only on the real CIFAR-10: without it, say so before training."""
     if dry:
         return None
-    from dlo.data.cifar import find_cifar10
-
     if find_cifar10() is None:
         return "needs the real CIFAR-10 (set DLO_DATA_DIR to the folder holding cifar-10-batches-py)"
     return None
@@ -390,8 +396,6 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
     error's one line>", or "skipped: <why>" for a notebook whose launches need more GPUs than visible or that imports
     a package this Python lacks, e.g. Optuna on a bare node), ``output_tail`` (its last lines, on failure) and
     ``returncode``."""
-    from dlo.course.notebooks import missing_packages
-
     path = Path(path).resolve()
     name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     row: dict[str, Any] = {"notebook": name, "seconds": 0.0}
@@ -456,8 +460,6 @@ def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: li
     plain engine, ``jobs`` at a time, then the one-GPU benchmarks with fewer timed steps, alone; all of it within
     ``budget_s`` seconds (default :data:`QUICK_BUDGET_S`; a step is capped at what is left; what cannot start is reported "not run"). Multi-GPU
     benchmarks are skipped there with what they need. The JSON then has one row per notebook too."""
-    from dlo.course.notebooks import source_notebooks
-
     names = [b.name for b in BENCHMARKS]
     for name in [*(only or []), *(skip or [])]:
         if name not in names:

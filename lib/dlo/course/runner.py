@@ -100,9 +100,7 @@ def validate_notebook(notebook: Path, params: dict[str, Any], out: Path, timeout
     the notebook gives a CPU. NotebookArgumentError with the failing cell's line when they refuse a value."""
     import subprocess
 
-    import dlo
-
-    lib = str(Path(dlo.__file__).resolve().parents[1])
+    lib = str(Path(__file__).resolve().parents[2])  # the folder holding the dlo package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p)}
     request = repr({"notebook": str(notebook), "params": params, "out": str(out)})
     try:
