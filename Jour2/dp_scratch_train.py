@@ -5,14 +5,14 @@ batch. For the copies to stay identical, two things are needed: they must *start
 each backward every process must hold the *average* of all processes' gradients. DDP does both; here you
 write them yourself, from the simplest version to the one DDP really uses:
 
-1. ``allreduce_gradients``: after backward, all-reduce every gradient, then divide by the world size;
-2. ``broadcast_state``: rank 0's weights and buffers copied to every rank before training;
-3. ``OverlappedGradSync``: a hook per parameter launches that gradient's all-reduce as soon as it is
-   ready, *while backward continues* on the earlier layers; wait for all of them before the step;
-4. ``plan_buckets`` + ``BucketedGradSync``: gradients packed into flat buckets, one all-reduce per bucket
-   (fewer, larger messages), launched as each bucket fills up;
+1. ``allreduce_gradients``: every rank ends up with the average gradient, after backward;
+2. ``broadcast_state``: every rank starts from rank 0's weights and buffers;
+3. ``OverlappedGradSync``: the averaging of a gradient starts as soon as that gradient exists, so that
+   communication runs *while backward continues* on the earlier layers;
+4. ``plan_buckets`` + ``BucketedGradSync``: the same, with fewer and larger messages (gradients grouped
+   into buckets);
 5. ``GradSync.no_sync`` + ``train_step_accumulated``: gradient accumulation over k micro-batches that
-   communicates only on the last one.
+   communicates once per optimizer step, not once per micro-batch.
 
 Run it:
     torchrun --nproc_per_node 2 dp_scratch_train.py              # times every version against DDP
@@ -56,13 +56,14 @@ def rank_device(ctx) -> torch.device:
 # Step 1 -- naive: all-reduce every gradient after backward
 # ---------------------------------------------------------------------------------------------------
 def allreduce_gradients(model: nn.Module) -> None:
-    """After ``loss.backward()``: replace every ``p.grad`` by the mean of that gradient over all ranks, in place.
+    """Called after ``loss.backward()``: afterwards every ``p.grad`` the optimizer will read holds the mean of
+    that gradient over all ranks, the same on every rank.
 
-    ``dist.all_reduce(t)`` *sums* ``t`` over the ranks, in place, and returns when every rank holds the sum.
-    Each rank's loss is a mean over its own slice, so the mean of the ranks' gradients is the gradient of the
-    mean loss over the global batch: what one process would compute on the whole batch.
+    Why the mean: each rank's loss is a mean over its own slice of the global batch, so the mean of the ranks'
+    gradients is the gradient of the mean loss over the whole global batch, what one process would compute
+    on it. A parameter that is frozen (``requires_grad=False``) has no gradient and needs none.
     """
-    # BEGIN SOLUTION: for every parameter whose .grad is not None: dist.all_reduce(p.grad) (a SUM, in place), then p.grad.div_(dist.get_world_size())
+    # BEGIN SOLUTION: torch.distributed.all_reduce (in place, ReduceOp.SUM by default), torch.distributed.get_world_size(), Tensor.div_; p.grad is None for a frozen parameter
     world = dist.get_world_size()
     for p in model.parameters():
         if p.grad is not None:
@@ -78,12 +79,12 @@ def broadcast_state(model: nn.Module) -> None:
     """Copy rank 0's parameters *and buffers* (e.g. BatchNorm's running statistics) into every rank's model,
     in place, as ``DistributedDataParallel(model)`` does when it is built.
 
-    Averaged gradients keep identical copies identical; they do nothing for copies that started apart (a
-    different seed, a checkpoint loaded on one rank only): every rank would apply the same update to its
-    own weights forever. ``dist.broadcast(t, src=0)`` is a collective: *every* rank calls it, rank 0 sends
-    its ``t`` and the others receive into theirs.
+    Why: averaged gradients keep identical copies identical; they do nothing for copies that started apart
+    (a different seed, a checkpoint loaded on one rank only): every rank would apply the same update to its
+    own weights forever. A broadcast is a collective: every rank takes part, and whatever is received must
+    end up in the model's own tensors (frozen parameters and integer buffers included) before this returns.
     """
-    # BEGIN SOLUTION: under torch.no_grad(), dist.broadcast(t, src=0) for every t in model.parameters() and then model.buffers()
+    # BEGIN SOLUTION: torch.distributed.broadcast(tensor, src=0) on every rank (in place; with async_op=True its handle's wait()), model.parameters(), model.buffers(), torch.no_grad()
     with torch.no_grad():
         for t in itertools.chain(model.parameters(), model.buffers()):
             dist.broadcast(t, src=0)
@@ -120,8 +121,9 @@ class GradSync:
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Inside ``with sync.no_sync():`` backward passes communicate nothing, as under DDP's ``model.no_sync()``."""
-        # BEGIN SOLUTION: remember self.require_sync, set it to False, yield, and restore it in a finally: block
+        """Inside ``with sync.no_sync():`` backward passes communicate nothing, as under DDP's ``model.no_sync()``;
+        after the block, however it ends (an exception included), communication is as it was before."""
+        # BEGIN SOLUTION: self.require_sync, try / finally around the yield
         previous = self.require_sync
         self.require_sync = False
         try:
@@ -163,17 +165,18 @@ class DDPSync(GradSync):
 # Step 3 -- overlap: one asynchronous all-reduce per gradient, launched by a hook during backward
 # ---------------------------------------------------------------------------------------------------
 class OverlappedGradSync(GradSync):
-    """Each parameter's all-reduce is launched by a hook the moment autograd has finished its gradient.
+    """Averages each trained parameter's gradient, starting the moment autograd has finished that gradient.
 
-    Backward computes the last layers' gradients first; with ``async_op=True`` the all-reduce returns a
-    handle at once and runs in the background (gloo's threads, NCCL's stream) while backward goes on with
-    the earlier layers. Before the optimizer step, :meth:`finish` waits for every handle and divides.
+    Why: backward computes the last layers' gradients first. If their averaging starts right away and runs
+    in the background while backward goes on with the earlier layers, the communication is hidden behind
+    compute; if backward has to stop until each average arrives, nothing is gained over step 1. When
+    :meth:`finish` returns, every ``p.grad`` holds its average and nothing is left in flight.
     """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.pending: list[tuple[Any, torch.Tensor]] = []  # (handle, gradient) launched during this backward
-        # BEGIN SOLUTION: for every parameter that requires grad: p.register_post_accumulate_grad_hook(self._on_grad_ready); keep the handles in self.hook_handles
+        # BEGIN SOLUTION: Tensor.register_post_accumulate_grad_hook (a frozen parameter takes none), self.hook_handles
         for p in model.parameters():
             if p.requires_grad:
                 self.hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
@@ -183,12 +186,12 @@ class OverlappedGradSync(GradSync):
         """The hook: autograd calls it with the parameter once ``param.grad`` holds this backward's gradient."""
         if not self.require_sync:  # inside no_sync() (step 5): the gradient only accumulates locally
             return
-        # BEGIN SOLUTION: launch dist.all_reduce(param.grad, async_op=True) and append (its handle, param.grad) to self.pending
+        # BEGIN SOLUTION: torch.distributed.all_reduce(..., async_op=True) returns a handle (torch.distributed.Work), self.pending
         self.pending.append((dist.all_reduce(param.grad, async_op=True), param.grad))
         # END SOLUTION
 
     def finish(self) -> None:
-        # BEGIN SOLUTION: for each (handle, grad) in self.pending: handle.wait(), grad.div_(world size); then empty self.pending
+        # BEGIN SOLUTION: the handle's wait(), torch.distributed.get_world_size(), Tensor.div_, list.clear()
         world = dist.get_world_size()
         for handle, grad in self.pending:
             handle.wait()
@@ -203,13 +206,14 @@ class OverlappedGradSync(GradSync):
 def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Which parameters share a bucket: lists of indices into ``params``, the first bucket first.
 
-    Gradients are ready in roughly the reverse of the registration order (backward starts from the last
-    layer), so the buckets are filled in *reverse* registration order: the first bucket holds the last
-    parameters. DDP's rule: a bucket is closed as soon as its gradients add up to at least ``bucket_bytes``
-    bytes (so a parameter larger than that gets a bucket of its own); the last bucket holds what remains,
-    even if it is smaller.
+    The plan DDP makes, so that a bucket fills up as early as possible during backward: gradients are ready
+    in roughly the reverse of the registration order (backward starts from the last layer), so the first
+    bucket holds the last parameters. DDP's rule: a bucket is closed as soon as its gradients add up to at
+    least ``bucket_bytes`` *bytes* (gradients may be fp32, bf16, fp16 or fp64; a parameter larger than that
+    gets a bucket of its own); every parameter is in exactly one bucket, the last one possibly smaller. The
+    order of the indices inside a bucket is free.
     """
-    # BEGIN SOLUTION: walk the indices from len(params)-1 down to 0, add numel() * element_size() to the open bucket's size, close it once >= bucket_bytes; keep the last, partial bucket
+    # BEGIN SOLUTION: reversed(range(len(params))), Tensor.numel(), Tensor.element_size() (bytes per element)
     buckets: list[list[int]] = []
     current: list[int] = []
     size = 0
@@ -226,8 +230,10 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list
 
 
 class BucketedGradSync(GradSync):
-    """Gradients copied into flat buckets; one asynchronous all-reduce per bucket, launched when the bucket
-    holds all its gradients; :meth:`finish` waits, divides and copies the averages back into ``p.grad``.
+    """Step 3 with fewer, larger messages: a bucket's gradients are averaged together, in one flat buffer, as
+    soon as the bucket holds all of them (the last, smaller bucket too), while backward goes on. When
+    :meth:`finish` returns, every ``p.grad`` holds its average, nothing is in flight, and the next backward
+    starts from empty buckets.
 
     Given: ``self.params`` (the parameters, registration order), ``self.plan`` (your :func:`plan_buckets`),
     ``self.slot[i]`` = (bucket, offset) of parameter ``i`` in the flat ``self.buffers[bucket]``,
@@ -250,7 +256,7 @@ class BucketedGradSync(GradSync):
             self.buffers.append(torch.zeros(offset, dtype=first.dtype, device=first.device))
         self.ready = [0] * len(self.plan)
         self.pending: list[tuple[int, Any]] = []  # (bucket, handle) launched during this backward
-        # BEGIN SOLUTION: register self._on_grad_ready as the post-accumulate-grad hook of every p in self.params; keep the handles in self.hook_handles
+        # BEGIN SOLUTION: Tensor.register_post_accumulate_grad_hook on self.params (the trained ones), self.hook_handles
         for p in self.params:
             self.hook_handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
         # END SOLUTION
@@ -258,7 +264,7 @@ class BucketedGradSync(GradSync):
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not self.require_sync:  # inside no_sync() (step 5)
             return
-        # BEGIN SOLUTION: b, offset = self.slot[self.index[id(param)]]; copy param.grad (flattened) into self.buffers[b][offset:offset + numel]; self.ready[b] += 1; once it equals len(self.plan[b]): dist.all_reduce(self.buffers[b], async_op=True) -> self.pending
+        # BEGIN SOLUTION: self.slot, self.index, Tensor.copy_ into a slice of self.buffers[b], Tensor.reshape(-1), self.ready, torch.distributed.all_reduce(..., async_op=True)
         b, offset = self.slot[self.index[id(param)]]
         self.buffers[b][offset:offset + param.numel()].copy_(param.grad.reshape(-1))
         self.ready[b] += 1
@@ -267,7 +273,7 @@ class BucketedGradSync(GradSync):
         # END SOLUTION
 
     def finish(self) -> None:
-        # BEGIN SOLUTION: for each (b, handle) in self.pending: handle.wait(), divide self.buffers[b] by the world size, copy each member's slice back into its p.grad (view_as); then reset self.pending and self.ready
+        # BEGIN SOLUTION: the handle's wait(), Tensor.div_, Tensor.view_as, Tensor.copy_ into p.grad, self.ready, self.pending
         world = dist.get_world_size()
         for b, handle in self.pending:
             handle.wait()
@@ -288,13 +294,15 @@ def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequ
                            criterion: Callable, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """One optimizer step over ``k = len(micro_batches)`` micro-batches, equal to one step on their concatenation.
 
-    Gradients add up in ``p.grad`` over the k backward passes; each micro-batch's loss is divided by k so
-    that the sum is the gradient of the mean loss. Communicating after every micro-batch would cost k
-    all-reduces for the result of one: run the first k - 1 forward *and* backward passes inside
-    ``sync.no_sync()`` (DDP decides during the forward whether the next backward communicates), the last one
-    outside it, then ``sync.finish()`` and the optimizer step. Returns the mean loss (a detached tensor).
+    After it, the weights are those one optimizer step on the k micro-batches together would give, the same
+    on every rank, and it returns the mean of the k micro-batches' losses (a number or a detached tensor).
+
+    Why: gradients add up in ``p.grad`` over backward passes, so k passes can build the gradient of the mean
+    loss; communicating after every micro-batch would cost k all-reduces for the result of one. Under
+    ``sync.no_sync()`` nothing is communicated; DDP decides during the *forward* whether the next backward
+    communicates. The optimizer must only see averaged gradients, and only this step's.
     """
-    # BEGIN SOLUTION: zero the gradients once; for each micro-batch i: under sync.no_sync() unless i is the last, loss = criterion(model(x), y) / k and loss.backward(); then sync.finish(), optimizer.step()
+    # BEGIN SOLUTION: optimizer.zero_grad(), sync.no_sync() (a context manager; contextlib.nullcontext() for none), criterion(model(x), y), Tensor.backward(), sync.finish(), optimizer.step(), Tensor.detach()
     k = len(micro_batches)
     optimizer.zero_grad(set_to_none=True)
     losses = []

@@ -7,14 +7,14 @@ batch. For the copies to stay identical, two things are needed: they must *start
 each backward every process must hold the *average* of all processes' gradients. DDP does both; here you
 write them yourself, from the simplest version to the one DDP really uses:
 
-1. ``allreduce_gradients``: after backward, all-reduce every gradient, then divide by the world size;
-2. ``broadcast_state``: rank 0's weights and buffers copied to every rank before training;
-3. ``OverlappedGradSync``: a hook per parameter launches that gradient's all-reduce as soon as it is
-   ready, *while backward continues* on the earlier layers; wait for all of them before the step;
-4. ``plan_buckets`` + ``BucketedGradSync``: gradients packed into flat buckets, one all-reduce per bucket
-   (fewer, larger messages), launched as each bucket fills up;
+1. ``allreduce_gradients``: every rank ends up with the average gradient, after backward;
+2. ``broadcast_state``: every rank starts from rank 0's weights and buffers;
+3. ``OverlappedGradSync``: the averaging of a gradient starts as soon as that gradient exists, so that
+   communication runs *while backward continues* on the earlier layers;
+4. ``plan_buckets`` + ``BucketedGradSync``: the same, with fewer and larger messages (gradients grouped
+   into buckets);
 5. ``GradSync.no_sync`` + ``train_step_accumulated``: gradient accumulation over k micro-batches that
-   communicates only on the last one.
+   communicates once per optimizer step, not once per micro-batch.
 
 Run it:
     torchrun --nproc_per_node 2 dp_scratch_train.py              # times every version against DDP
@@ -58,11 +58,12 @@ def rank_device(ctx) -> torch.device:
 # Step 1 -- naive: all-reduce every gradient after backward
 # ---------------------------------------------------------------------------------------------------
 def allreduce_gradients(model: nn.Module) -> None:
-    """After ``loss.backward()``: replace every ``p.grad`` by the mean of that gradient over all ranks, in place.
+    """Called after ``loss.backward()``: afterwards every ``p.grad`` the optimizer will read holds the mean of
+    that gradient over all ranks, the same on every rank.
 
-    ``dist.all_reduce(t)`` *sums* ``t`` over the ranks, in place, and returns when every rank holds the sum.
-    Each rank's loss is a mean over its own slice, so the mean of the ranks' gradients is the gradient of the
-    mean loss over the global batch: what one process would compute on the whole batch.
+    Why the mean: each rank's loss is a mean over its own slice of the global batch, so the mean of the ranks'
+    gradients is the gradient of the mean loss over the whole global batch, what one process would compute
+    on it. A parameter that is frozen (``requires_grad=False``) has no gradient and needs none.
     """
     # TODO: After the backward pass, make every rank's gradients the average of all ranks' gradients, so that one optimizer step equals a step on the whole global batch.
     # (run `dlo hint dp_scratch naive` for a hint)
@@ -76,10 +77,10 @@ def broadcast_state(model: nn.Module) -> None:
     """Copy rank 0's parameters *and buffers* (e.g. BatchNorm's running statistics) into every rank's model,
     in place, as ``DistributedDataParallel(model)`` does when it is built.
 
-    Averaged gradients keep identical copies identical; they do nothing for copies that started apart (a
-    different seed, a checkpoint loaded on one rank only): every rank would apply the same update to its
-    own weights forever. ``dist.broadcast(t, src=0)`` is a collective: *every* rank calls it, rank 0 sends
-    its ``t`` and the others receive into theirs.
+    Why: averaged gradients keep identical copies identical; they do nothing for copies that started apart
+    (a different seed, a checkpoint loaded on one rank only): every rank would apply the same update to its
+    own weights forever. A broadcast is a collective: every rank takes part, and whatever is received must
+    end up in the model's own tensors (frozen parameters and integer buffers included) before this returns.
     """
     # TODO: Before training, make every rank's model an exact copy of rank 0's: its weights and its other state.
     # (run `dlo hint dp_scratch broadcast` for a hint)
@@ -116,7 +117,8 @@ class GradSync:
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Inside ``with sync.no_sync():`` backward passes communicate nothing, as under DDP's ``model.no_sync()``."""
+        """Inside ``with sync.no_sync():`` backward passes communicate nothing, as under DDP's ``model.no_sync()``;
+        after the block, however it ends (an exception included), communication is as it was before."""
         # TODO: Accumulate gradients over k micro-batches and communicate only once, after the last one, so that the step equals one step on the k micro-batches together.
         # (run `dlo hint dp_scratch no_sync` for a hint)
         raise NotImplementedError('Accumulate gradients over k micro-batches and communicate only once, after the last one, so that the step equals one step on the k micro-batches together. Run `dlo hint dp_scratch no_sync` for a hint.')
@@ -154,11 +156,12 @@ class DDPSync(GradSync):
 # Step 3 -- overlap: one asynchronous all-reduce per gradient, launched by a hook during backward
 # ---------------------------------------------------------------------------------------------------
 class OverlappedGradSync(GradSync):
-    """Each parameter's all-reduce is launched by a hook the moment autograd has finished its gradient.
+    """Averages each trained parameter's gradient, starting the moment autograd has finished that gradient.
 
-    Backward computes the last layers' gradients first; with ``async_op=True`` the all-reduce returns a
-    handle at once and runs in the background (gloo's threads, NCCL's stream) while backward goes on with
-    the earlier layers. Before the optimizer step, :meth:`finish` waits for every handle and divides.
+    Why: backward computes the last layers' gradients first. If their averaging starts right away and runs
+    in the background while backward goes on with the earlier layers, the communication is hidden behind
+    compute; if backward has to stop until each average arrives, nothing is gained over step 1. When
+    :meth:`finish` returns, every ``p.grad`` holds its average and nothing is left in flight.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -188,11 +191,12 @@ class OverlappedGradSync(GradSync):
 def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[int]]:
     """Which parameters share a bucket: lists of indices into ``params``, the first bucket first.
 
-    Gradients are ready in roughly the reverse of the registration order (backward starts from the last
-    layer), so the buckets are filled in *reverse* registration order: the first bucket holds the last
-    parameters. DDP's rule: a bucket is closed as soon as its gradients add up to at least ``bucket_bytes``
-    bytes (so a parameter larger than that gets a bucket of its own); the last bucket holds what remains,
-    even if it is smaller.
+    The plan DDP makes, so that a bucket fills up as early as possible during backward: gradients are ready
+    in roughly the reverse of the registration order (backward starts from the last layer), so the first
+    bucket holds the last parameters. DDP's rule: a bucket is closed as soon as its gradients add up to at
+    least ``bucket_bytes`` *bytes* (gradients may be fp32, bf16, fp16 or fp64; a parameter larger than that
+    gets a bucket of its own); every parameter is in exactly one bucket, the last one possibly smaller. The
+    order of the indices inside a bucket is free.
     """
     # TODO: Send fewer, larger messages: group the gradients into flat buckets of a given size, in the order backward produces them, and average each bucket as soon as it holds all its gradients.
     # (run `dlo hint dp_scratch buckets` for a hint)
@@ -200,8 +204,10 @@ def plan_buckets(params: Sequence[torch.Tensor], bucket_bytes: int) -> list[list
 
 
 class BucketedGradSync(GradSync):
-    """Gradients copied into flat buckets; one asynchronous all-reduce per bucket, launched when the bucket
-    holds all its gradients; :meth:`finish` waits, divides and copies the averages back into ``p.grad``.
+    """Step 3 with fewer, larger messages: a bucket's gradients are averaged together, in one flat buffer, as
+    soon as the bucket holds all of them (the last, smaller bucket too), while backward goes on. When
+    :meth:`finish` returns, every ``p.grad`` holds its average, nothing is in flight, and the next backward
+    starts from empty buckets.
 
     Given: ``self.params`` (the parameters, registration order), ``self.plan`` (your :func:`plan_buckets`),
     ``self.slot[i]`` = (bucket, offset) of parameter ``i`` in the flat ``self.buffers[bucket]``,
@@ -248,11 +254,13 @@ def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequ
                            criterion: Callable, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     """One optimizer step over ``k = len(micro_batches)`` micro-batches, equal to one step on their concatenation.
 
-    Gradients add up in ``p.grad`` over the k backward passes; each micro-batch's loss is divided by k so
-    that the sum is the gradient of the mean loss. Communicating after every micro-batch would cost k
-    all-reduces for the result of one: run the first k - 1 forward *and* backward passes inside
-    ``sync.no_sync()`` (DDP decides during the forward whether the next backward communicates), the last one
-    outside it, then ``sync.finish()`` and the optimizer step. Returns the mean loss (a detached tensor).
+    After it, the weights are those one optimizer step on the k micro-batches together would give, the same
+    on every rank, and it returns the mean of the k micro-batches' losses (a number or a detached tensor).
+
+    Why: gradients add up in ``p.grad`` over backward passes, so k passes can build the gradient of the mean
+    loss; communicating after every micro-batch would cost k all-reduces for the result of one. Under
+    ``sync.no_sync()`` nothing is communicated; DDP decides during the *forward* whether the next backward
+    communicates. The optimizer must only see averaged gradients, and only this step's.
     """
     # TODO: Accumulate gradients over k micro-batches and communicate only once, after the last one, so that the step equals one step on the k micro-batches together.
     # (run `dlo hint dp_scratch no_sync` for a hint)

@@ -176,38 +176,48 @@ HINTS: dict[tuple[str, str], Hint] = {
     ("dp_scratch", "naive"): _h(
         "After the backward pass, make every rank's gradients the average of all ranks' gradients, so that one "
         "optimizer step equals a step on the whole global batch.",
-        "An all-reduce sums a tensor over the ranks, in place, and every rank gets the result; each rank's loss is "
-        "already a mean over its own slice, so the sum must still be divided by the number of ranks.",
-        "torch.distributed.all_reduce on each parameter's .grad (op SUM), torch.distributed.get_world_size(), an "
-        "in-place division."),
+        "Each rank's loss is a mean over its own slice, so the mean of the ranks' gradients is the gradient of the "
+        "mean loss over the global batch. Every rank must end with the same numbers, in the tensors the optimizer "
+        "reads.",
+        "For each parameter that has a gradient (a frozen one has none): combine that gradient across the ranks so "
+        "that each rank receives the total, in the same tensor, then turn the total into a mean. Nothing is "
+        "copied out and forgotten; nothing is divided twice."),
     ("dp_scratch", "broadcast"): _h(
         "Before training, make every rank's model an exact copy of rank 0's: its weights and its other state.",
-        "Averaged gradients keep identical copies identical but never bring different copies together. A broadcast "
-        "is a collective: every rank calls it, one sends, the others receive into their own tensors, in place.",
-        "torch.distributed.broadcast(tensor, src=0) on every rank, for model.parameters() and model.buffers(), "
-        "under torch.no_grad()."),
+        "Averaged gradients keep identical copies identical but never bring different copies together. The state "
+        "is more than the trained weights: frozen parameters and buffers (BatchNorm's running statistics and its "
+        "integer counter) too.",
+        "For every parameter and every buffer, on every rank, the same calls in the same order: rank 0 sends, the "
+        "others receive, and what is received ends up in the model's own tensor before the function returns."),
     ("dp_scratch", "overlap"): _h(
         "Start averaging each gradient the moment it is ready, while the backward pass computes the earlier layers, "
         "and make sure every average has arrived before the optimizer step.",
-        "Backward produces the last layers' gradients first. An asynchronous collective returns a handle at once and "
-        "runs in the background; a per-parameter hook fires when that parameter's gradient is complete.",
-        "Tensor.register_post_accumulate_grad_hook (keep its handle), torch.distributed.all_reduce(..., "
-        "async_op=True), the handle's wait(), then the division; empty the list of pending handles."),
+        "Backward produces the last layers' gradients first. Communication started early and left running in the "
+        "background is hidden behind the rest of backward; communication that backward has to wait for is not.",
+        "At construction, ask autograd to call you back once each trained parameter's gradient is complete. In that "
+        "callback, start the gradient's averaging without waiting for it and keep what lets you wait later. In "
+        "finish(), after backward, wait for everything started, turn sums into means, and forget what you kept."),
     ("dp_scratch", "buckets"): _h(
         "Send fewer, larger messages: group the gradients into flat buckets of a given size, in the order backward "
         "produces them, and average each bucket as soon as it holds all its gradients.",
         "Each message pays a fixed latency, so many small all-reduces are slow; a bucket that waits for a size "
-        "threshold must still be sent when it is the last, smaller one. Sizes are in bytes.",
-        "numel() * element_size(), reversed registration order, a flat buffer per bucket (slices and copy_), the "
-        "ready counters, torch.distributed.all_reduce(..., async_op=True), view_as to unpack into p.grad."),
+        "threshold must still be sent when it is the last, smaller one. Sizes are in bytes, and not every "
+        "gradient has 4-byte elements.",
+        "The plan: walk the parameters from the last to the first, adding each one's size in bytes to the open "
+        "bucket and closing it once it reaches the threshold; what remains is a bucket too. The sync: each "
+        "callback copies its gradient into its place in its bucket and counts it; a bucket whose count is complete "
+        "is sent without waiting. finish() waits for every bucket, turns sums into means, copies each slice back "
+        "to its gradient and resets the counts."),
     ("dp_scratch", "no_sync"): _h(
         "Accumulate gradients over k micro-batches and communicate only once, after the last one, so that the step "
         "equals one step on the k micro-batches together.",
         "Gradients add up over backward passes; each micro-batch's loss must be scaled so that the sum is a mean. "
         "Communication switched off must be switched back on even if the block fails, and DDP decides during the "
-        "forward whether the following backward communicates.",
-        "A @contextlib.contextmanager that flips require_sync with try/finally; sync.no_sync() around the forward "
-        "and backward of all but the last micro-batch; sync.finish() then optimizer.step() once."),
+        "forward whether the following backward communicates. The optimizer must only see this step's averaged "
+        "gradients.",
+        "no_sync: switch communication off, hand control to the block, switch it back whatever happens. The step: "
+        "clear the gradients once; all but the last micro-batch's forward and backward with communication off, the "
+        "last one with it on; wait for the averages; one optimizer step; report the mean of the k losses."),
     # ---------------------------------------------------------------- Jour3
     ("optimizers", "warmup"): _h(
         "Give the learning rate of a step: a linear warm-up to the base rate, then half a cosine down to zero at "
