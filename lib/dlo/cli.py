@@ -2,7 +2,8 @@
 
     dlo run NOTEBOOK [--profile smoke|full|dry|auto] [-p NAME VALUE ...] execute a notebook (papermill,
                                               or --engine plain: its code cells in this Python, no Jupyter);
-                                              --dry-run: check the arguments only, start nothing
+                                              --dry-run: check the arguments and the notebook's own
+                                              settings checks (cells tagged validate), start no work
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
     dlo hint COURSE STEP [--level N]                                  the next hint of a step (concept, tools,
                                               near-code; the level reached is kept in runs/hints.json)
@@ -191,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true",
                    help="print nothing while it runs (default: a line per code cell and what the cells print)")
     r.add_argument("--dry-run", action="store_true",
-                   help="check the notebook, parameters (names and types) and output folder, then stop")
+                   help="check the notebook, parameters (names and types), output folder and the notebook's own "
+                        "settings checks (its cells tagged 'validate'), then stop before any work")
     r.add_argument("--engine", choices=["papermill", "plain"], default="papermill",
                    help="papermill (default: executed notebook saved) or plain (this Python, no Jupyter needed)")
     r.set_defaults(func=_cmd_run)
