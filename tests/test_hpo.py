@@ -355,51 +355,7 @@ def test_a_half_started_ray_is_stopped_before_retrying():
             proc.wait()
 
 
-@pytest.mark.slow
-def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
-    """A tiny Tune run on the local Ray that dlo.lessons.hpo.ray_start starts: PBT restarts trials from checkpoints."""
-    ray = pytest.importorskip("ray")
-    from ray import tune
-    from ray.tune.schedulers import PopulationBasedTraining
-
-    def trainable(config):
-        import tempfile
-        from pathlib import Path
-
-        start, value = 0, 0.0
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as folder:
-                start, value = json.loads((Path(folder) / "state.json").read_text())
-        for step in range(start, 4):
-            value += config["lr"]
-            with tempfile.TemporaryDirectory() as folder:
-                (Path(folder) / "state.json").write_text(json.dumps([step + 1, value]))
-                tune.report({"score": value, "epoch": step + 1}, checkpoint=tune.Checkpoint.from_directory(folder))
-
-    info = hpo.ray_start(num_cpus=2)
-    try:
-        assert info["num_cpus"] == 2 and info["seconds"] > 0
-        pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
-                                      hyperparam_mutations={"lr": tune.uniform(0.0, 1.0)})
-        progress = hpo.tune_progress(2, "test", metrics=("score", "epoch"))
-        tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space={"lr": tune.uniform(0.0, 1.0)},
-                           tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=pbt, num_samples=2,
-                                                       reuse_actors=True),
-                           run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path.resolve()), verbose=0,
-                                                     callbacks=[progress],
-                                                     checkpoint_config=tune.CheckpointConfig(num_to_keep=4)))
-        grid = tuner.fit()
-        assert grid.num_errors == 0 and len(grid) == 2
-        row = hpo.ray_summary(progress.records, grid, 1.0, "pbt", max_epochs=4, metric="score")
-        assert row["complete"] == 2 and row["epochs trained"] >= 8
-        trials = {r["trial"] for r in progress.records}  # every trial reported through the callback
-        # (not r.metrics["trial_id"]: after a PBT exploit a trial's last result may carry its donor's id)
-        assert len(trials) == 2 and all(any(t in Path(r.path).name for r in grid) for t in trials)
-        assert all(isinstance(e["lr after"], float) for e in hpo.pbt_exploits(tmp_path / "pbt"))
-    finally:
-        ray.shutdown()
-    assert not ray.is_initialized()
+# Starting a Ray (Tune with PBT, what it listens on, a failed start): tests/test_hpo_ray.py, each in its own Python
 
 
 # --------------------------------------------------------------------------------------------------

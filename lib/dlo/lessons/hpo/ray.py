@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -72,20 +73,44 @@ def private_token(path: str | os.PathLike) -> Path:
     return path
 
 
+_RAY_START_ATTEMPTS = 3  # a start that fails (its node process died, or never registered) is tried again
+_RAY_START_BACKOFF_S = 5.0  # pause before the 2nd try, doubled before the 3rd: the load that failed it may pass
+#: How long a start may wait for its node to register while the node's process is alive (Ray's own limit is a fixed
+#: 30 s, which a machine at load 10 on 2 cores can exceed); ``$DLO_RAY_START_TIMEOUT_S`` overrides it.
+RAY_START_TIMEOUT_S = 300.0
+#: The address every process of a local Ray listens on: this machine only (Ray would otherwise serve its GCS,
+#: raylet, workers and Prometheus metrics endpoints on all interfaces, without authentication for the metrics).
+LOOPBACK = "127.0.0.1"
+
+
+class _RayNodeDied(Exception):
+    """The raylet this process started exited before its node registered: no point in waiting longer."""
+
+
+def _ray_children(name: str | None = None) -> list:
+    """The Ray processes this process started (all of them, or those whose command line contains ``name``)."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil comes with ipykernel
+        return []
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            command = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if any(key in command for key in ("gcs_server", "raylet", "/ray/", "ray::")) and (name is None or name in command):
+            found.append(proc)
+    return found
+
+
 def _stop_ray_children() -> None:
     """Stop the Ray processes this process started (a half-started Ray, after a failed ``ray.init``)."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil comes with ipykernel
         return
-    def is_ray(proc) -> bool:
-        try:
-            command = " ".join(proc.cmdline())
-        except psutil.Error:
-            return False
-        return any(key in command for key in ("gcs_server", "raylet", "/ray/", "ray::"))
-
-    ours = [p for p in psutil.Process().children(recursive=True) if is_ray(p)]
+    ours = _ray_children()
     for p in ours:
         with contextlib.suppress(psutil.Error):
             p.terminate()
@@ -93,9 +118,80 @@ def _stop_ray_children() -> None:
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
-_RAY_START_ATTEMPTS = 3  # Ray gives its node a fixed 30 s to register; a busy machine may need another go
+def _start_timeout_s() -> float:
+    value = os.environ.get("DLO_RAY_START_TIMEOUT_S")
+    try:
+        return float(value) if value else RAY_START_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"DLO_RAY_START_TIMEOUT_S must be a number of seconds, got {value!r}") from None
+
+
+@contextlib.contextmanager
+def _local_ray_settings(ray, timeout_s: float):
+    """While ``ray.init`` starts a local node: its node address is the loopback one, and its wait for the node to
+    register lasts while the raylet lives (up to ``timeout_s``), not Ray's fixed 30 s.
+
+    Ray turns a loopback ``_node_ip_address`` into the machine's network address unless its single-machine switch
+    (``ray_constants.ENABLE_RAY_CLUSTER``, read from ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` at import) is off; with it
+    off, the GCS, the raylet, the workers and the metrics endpoints all bind to 127.0.0.1. Node start-up asks the
+    GCS for its node in a loop (``services.get_node``) and gives up 30 s after the raylet started: each ask here
+    waits, polling, while the raylet process is alive, so a slow machine is waited for and a dead raylet is reported
+    at once. Both are put back afterwards. Either hook missing (another Ray version): Ray's own behaviour."""
+    from ray._private import ray_constants, services
+
+    saved_cluster = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    original = getattr(services, "get_node", None)
+    deadline: list[float] = []
+
+    def patient_get_node(*args, **kwargs):
+        if not deadline:
+            deadline.append(time.monotonic() + timeout_s)
+        delay = 0.2
+        while True:
+            try:
+                return original(*args, **kwargs)
+            except RuntimeError:
+                if not _ray_children("raylet/raylet"):
+                    raise _RayNodeDied("Ray's node process (raylet) exited before it registered") from None
+                if time.monotonic() > deadline[0]:
+                    raise
+                time.sleep(delay)
+                delay = min(2.0, delay * 1.5)
+
+    if saved_cluster is not None:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    if original is not None:
+        services.get_node = patient_get_node
+    try:
+        yield
+    finally:
+        if saved_cluster is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved_cluster
+        if original is not None:
+            services.get_node = original
+
+
+def _forget_failed_start(ray) -> None:
+    """Drop what a failed ``ray.init`` left in this process. Its node had already made its GCS client the process's
+    global one (``ray.experimental.internal_kv``) before it failed; once that GCS is stopped, the next Ray call that
+    records a usage tag -- constructing any Tune scheduler does, ``PopulationBasedTraining`` included -- sends a
+    synchronous request to it, which retries for 60 s and then aborts the whole process (a notebook's kernel, a
+    test worker) with "Failed to connect to GCS". ``ray.shutdown()`` resets that state; the reset is repeated in
+    case this Ray's shutdown skips it when nothing was connected."""
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_reset()
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A start failure a busy machine explains: the node never registered, or its raylet died starting."""
+    return isinstance(exc, _RayNodeDied) or "timed out during startup" in str(exc)
 
 
 def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.PathLike | None = None,
@@ -103,14 +199,18 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     """Start a local Ray for a notebook, or join the cluster named by ``$RAY_ADDRESS``; say what was started.
 
     ``num_cpus`` is the number of trials Ray may run at once with one CPU each (not the machine's core
-    count, which on a shared node is not all yours). No dashboard, no usage statistics
+    count, which on a shared node is not all yours). A local Ray listens on the loopback address only (127.0.0.1:
+    its GCS, raylet, workers and metrics endpoints; other machines cannot reach it), with no dashboard, no metrics
+    collection (nothing scrapes it, and it costs CPU), no usage statistics
     (``RAY_USAGE_STATS_ENABLED=0``: a compute node has no network), no idle workers started in advance
     (Tune's trials start their own, and on two cores those would only compete), Tune's compact output, and Ray's token
     authentication kept on (other users of a shared node cannot submit work to your Ray), with its token
     file in the temp folder rather than ``~/.ray``. ``log_to_driver=False`` keeps the trials' prints out
-    of the notebook. When ``$RAY_ADDRESS`` is set (``slurm/ray_tune.sbatch`` exports it), Ray is already
+    of the notebook. On a busy machine the start waits for the node to register while its processes are alive (up
+    to :data:`RAY_START_TIMEOUT_S`), and a start that fails anyway is cleaned up and tried again after a pause
+    (3 tries). When ``$RAY_ADDRESS`` is set (``slurm/ray_tune.sbatch`` exports it), Ray is already
     running on the allocation's nodes: this joins it, and the cluster's own CPUs and GPUs count.
-    Returns ``{"address", "temp_dir", "num_cpus", "num_gpus", "seconds"}``.
+    Returns ``{"address", "temp_dir", "num_cpus", "num_gpus", "seconds", "attempts"}``.
     """
     import logging
 
@@ -120,7 +220,9 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")  # Tune's trials start their own workers anyway
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "120")  # the GCS writes its port later on a busy machine
     start = time.perf_counter()
+    attempt = 1
     if os.environ.get("RAY_ADDRESS"):
         ctx = ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=log_to_driver, ignore_reinit_error=True,
                        logging_level=logging.WARNING)
@@ -128,6 +230,7 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     else:
         if not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive integer, got {num_cpus!r}")
+        timeout_s = _start_timeout_s()
         tmp = private_dir(ray_temp_dir(temp_dir))
         if not ({"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ)):
             # Ray would otherwise write one to ~/.ray/auth_token
@@ -136,29 +239,42 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled": it is, on purpose
         try:
-            for attempt in range(1, _RAY_START_ATTEMPTS + 1):
+            while True:
+                reason = None
                 try:
-                    ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                                   log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
-                                   logging_level=logging.WARNING)
-                    break
+                    with _local_ray_settings(ray, timeout_s):
+                        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                                       log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
+                                       _node_ip_address=LOOPBACK, logging_level=logging.WARNING,
+                                       _system_config={"enable_metrics_collection": False,
+                                                       "worker_register_timeout_seconds": int(timeout_s)})
                 except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
-                    if "timed out during startup" not in str(exc):
+                    if not _retryable(exc):
                         raise
-                    _stop_ray_children()
-                    load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
-                    if attempt == _RAY_START_ATTEMPTS:
-                        raise RuntimeError(f"Ray did not start in {attempt} tries: its node must register within 30 s, and this "
-                                           f"machine is too busy ({load} for {os.cpu_count()} cores); try again "
-                                           f"when it is quieter") from None
-                    print(f"Ray did not start within its 30 s limit ({load} for {os.cpu_count()} cores): "
-                          f"trying once more", file=sys.stderr, flush=True)
+                    reason = str(exc).split(". ")[0].rstrip(".")
+                if reason is None:
+                    break
+                # out of the except block: the failure's traceback (which holds the half-made node and its GCS
+                # client) is gone before its processes are stopped, and the error below does not carry it
+                _forget_failed_start(ray)
+                gc.collect()
+                _stop_ray_children()
+                load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
+                if attempt == _RAY_START_ATTEMPTS:
+                    raise RuntimeError(f"Ray did not start in {attempt} tries ({reason}; {load} for "
+                                       f"{os.cpu_count()} cores): try again when the machine is quieter, or "
+                                       f"raise DLO_RAY_START_TIMEOUT_S (now {timeout_s:.0f} s)")
+                pause = _RAY_START_BACKOFF_S * 2 ** (attempt - 1)
+                print(f"Ray did not start ({reason}; {load} for {os.cpu_count()} cores): trying again in "
+                      f"{pause:.0f} s", file=sys.stderr, flush=True)
+                time.sleep(pause)
+                attempt += 1
         finally:
             auth_log.setLevel(level)
     resources = ray.cluster_resources()
     return {"address": ctx.address_info.get("address"), "temp_dir": str(tmp) if tmp else None,
             "num_cpus": int(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "attempts": attempt}
 
 
 def tune_progress(total: int, desc: str, metrics: Sequence[str] = ("accuracy", "epoch", "lr")):
