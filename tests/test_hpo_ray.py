@@ -237,3 +237,17 @@ def test_a_failed_start_resets_rays_global_store(fake_start, monkeypatch):
     PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
                             hyperparam_mutations={"lr": [0.1, 0.2]})
     assert puts == []
+
+
+def test_a_raylet_that_died_says_why_in_a_few_words(tmp_path):
+    logs = tmp_path / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    assert hray._raylet_death_reason(tmp_path) is None  # no log: nothing to say
+    (logs / "raylet.out").write_text(
+        "[2026-11-28 01:40:13,331 C 7865 7865] (raylet) node_manager.cc:3576:  An unexpected system state has "
+        "occurred. Check failed: statussetor3576.has_value() Timed out waiting for file "
+        "/tmp/dlo-ray-0/session_2026-11-28_01-39-40_439876_6491/metrics_agent_port_f3fa5e5e218c7f70\n")
+    assert hray._raylet_death_reason(tmp_path) == ("its metrics_agent did not report its port within the raylet's "
+                                                   "fixed ~15 s")
+    (logs / "raylet.out").write_text("[...] Check failed: object store could not be created\n")
+    assert hray._raylet_death_reason(tmp_path) == "raylet aborted: object store could not be created"

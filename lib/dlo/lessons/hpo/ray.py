@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -189,6 +190,22 @@ def _forget_failed_start(ray) -> None:
         internal_kv._internal_kv_reset()
 
 
+def _raylet_death_reason(temp_dir: Path) -> str | None:
+    """Why the raylet of the latest session in ``temp_dir`` died, in a few words, from its log (None: unknown).
+    The usual one on a busy machine: Ray 2.60's raylet gives its dashboard and runtime-env agents a fixed ~15 s to
+    write their port files (``agent_register_timeout_ms`` does not change it), and aborts when they are late."""
+    log = temp_dir / "session_latest" / "logs" / "raylet.out"
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    late = re.search(r"Timed out waiting for file \S*/(\w+?)_port_", text)
+    if late:
+        return f"its {late.group(1)} did not report its port within the raylet's fixed ~15 s"
+    failed = re.search(r"Check failed: (.{0,120})", text)
+    return f"raylet aborted: {failed.group(1)}" if failed else None
+
+
 def _retryable(exc: BaseException) -> bool:
     """A start failure a busy machine explains: the node never registered, or its raylet died starting."""
     return isinstance(exc, _RayNodeDied) or "timed out during startup" in str(exc)
@@ -208,7 +225,8 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     file in the temp folder rather than ``~/.ray``. ``log_to_driver=False`` keeps the trials' prints out
     of the notebook. On a busy machine the start waits for the node to register while its processes are alive (up
     to :data:`RAY_START_TIMEOUT_S`), and a start that fails anyway is cleaned up and tried again after a pause
-    (3 tries). When ``$RAY_ADDRESS`` is set (``slurm/ray_tune.sbatch`` exports it), Ray is already
+    (3 tries); one limit remains, Ray's own: its raylet gives its agents a fixed ~15 s to report their ports, which a
+    machine at load 10 or more on 2 cores can miss every time (the error then says so). When ``$RAY_ADDRESS`` is set (``slurm/ray_tune.sbatch`` exports it), Ray is already
     running on the allocation's nodes: this joins it, and the cluster's own CPUs and GPUs count.
     Returns ``{"address", "temp_dir", "num_cpus", "num_gpus", "seconds", "attempts"}``.
     """
@@ -252,6 +270,8 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
                     if not _retryable(exc):
                         raise
                     reason = str(exc).split(". ")[0].rstrip(".")
+                    why = _raylet_death_reason(tmp)
+                    reason = f"{reason}: {why}" if why else reason
                 if reason is None:
                     break
                 # out of the except block: the failure's traceback (which holds the half-made node and its GCS
