@@ -213,10 +213,11 @@ def test_bad_requests_are_one_line_before_anything_runs(monkeypatch, tmp_path):
 
 def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
     """``--quick --dry-run``, what CI runs of the GPU acceptance run: notebooks' dry profiles through the plain engine
-    (a course notebook, one that needs two GPUs, one that imports a package this Python lacks, one that fails),
-    then every benchmark's real command at smoke size on 2 gloo processes (Jour 1's smoke profile is run by nbval)."""
+    (one that runs, one that needs two GPUs, one that imports a package this Python lacks, one that fails; every
+    course notebook's dry profile goes through the same function in tests/test_dry_profiles.py), then every
+    benchmark's real command at smoke size on 2 gloo processes (Jour 1's smoke profile is run by nbval)."""
     out = tmp_path / "dry.json"
-    notebooks = ["Jour1/shapes.ipynb", "tests/fixtures/needs_two_gpus.ipynb",
+    notebooks = ["tests/fixtures/plain_display.ipynb", "tests/fixtures/needs_two_gpus.ipynb",
                  "tests/fixtures/needs_a_missing_package.ipynb", "tests/fixtures/failing.ipynb"]
     done = subprocess.run([sys.executable, "-m", "dlo", "gpu-check", "--quick", "--dry-run", "--skip", "jour1_ladder",
                            "--notebooks", *notebooks, "--jobs", "2", "--out", str(out)],
@@ -226,7 +227,8 @@ def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
     assert payload["quick"] and payload["dry_run"]
     rows = {r.get("benchmark") or r["notebook"]: r for r in payload["results"]}
     assert set(rows) == (set(BY_NAME) - {"jour1_ladder"}) | set(notebooks)
-    assert rows["Jour1/shapes.ipynb"]["verdict"] == "ok" and rows["Jour1/shapes.ipynb"]["seconds"] > 0
+    ok = rows["tests/fixtures/plain_display.ipynb"]
+    assert ok["verdict"] == "ok" and ok["seconds"] > 0, ok
     assert rows["tests/fixtures/needs_two_gpus.ipynb"]["verdict"].startswith("skipped: needs 2 GPUs, 1 visible")
     assert rows["tests/fixtures/needs_a_missing_package.ipynb"]["verdict"] == \
         "skipped: needs dlo_package_that_is_not_installed (not installed here)"
