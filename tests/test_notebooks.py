@@ -386,6 +386,8 @@ def test_plain_engine_works_without_ipython(tmp_path):
     assert "total 3 out_dir " + str(tmp_path) in res.stdout
     assert "a\n0  3" in res.stdout  # the Styler's DataFrame printed as text
     assert "IPython module: None" in res.stdout
+    # the log's stand-in streams answer what code reads of sys.stdout (Ray reads its encoding)
+    assert "stream encodings: utf-8 utf-8 " in res.stdout.lower(), res.stdout
     figures = sorted((tmp_path / "figures").glob("*.png"))
     assert [f.name for f in figures] == ["cell05-01.png", "cell05-02.png"], figures
     assert f"[figure: shown at plt.show -> {figures[0]}]" in res.stdout

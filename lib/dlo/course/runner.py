@@ -207,6 +207,16 @@ class LineFilter:
             if partial.strip():
                 self._emit([partial + "\n"])
 
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        """What code reads of a stream besides writing to it (``encoding``, ``errors``, ``fileno()``; Ray reads
+        ``sys.stdout.encoding``): the target's."""
+        if name == "target":  # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
 
 class _Watchdog:
     """A daemon thread that writes ``--- code cell N/M still running ...`` to ``out`` when the running cell has
