@@ -157,3 +157,20 @@ def test_dlo_run_streams_progress_lines_into_a_log(tmp_path, engine):
     last = next(i for i, ln in enumerate(lines) if ln.startswith("--- code cell 4/4 ("))
     assert lines[last + 1].startswith("--- code cell 4/4 still running"), lines[last:]
     assert lines[last + 2] == "done"
+
+
+def test_the_text_bar_pickles_by_reference_so_ray_can_ship_code_that_uses_it():
+    """A Ray trainable that uses a bar is pickled with the bar's class: by name, not by value with tqdm's
+    class-level multiprocessing lock (which cannot be pickled)."""
+    import pickle
+
+    from dlo.runtime import progress
+
+    bar = progress.text_bar_class()
+    for _ in bar(range(2), file=io.StringIO()):  # a bar has run: tqdm has set its class-level lock
+        pass
+    assert pickle.loads(pickle.dumps(bar)) is bar is progress.TextBar
+    cloudpickle = pytest.importorskip("cloudpickle")
+    scope = {"tqdm": bar}
+    exec("def trainable(config):\n    return sum(tqdm(range(3), file=config))", scope)
+    assert pickle.loads(cloudpickle.dumps(scope["trainable"]))(io.StringIO()) == 3

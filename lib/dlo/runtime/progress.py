@@ -102,6 +102,10 @@ def _text_bar_class() -> type:
             self._closing = self._final_written = True
             super().close()
 
+    # importable by name (module __getattr__ below): pickle and Ray's cloudpickle then refer to the class instead of
+    # copying it by value with tqdm's class-level multiprocessing lock, which cannot be pickled (a Ray trainable that
+    # uses a bar would fail with "RLock objects should only be shared between processes through inheritance")
+    TextBar.__module__, TextBar.__qualname__ = __name__, "TextBar"
     return TextBar
 
 
@@ -114,6 +118,13 @@ def text_bar_class() -> type:
     if _TEXT_BAR is None:
         _TEXT_BAR = _text_bar_class()
     return _TEXT_BAR
+
+
+def __getattr__(name: str) -> Any:
+    """``dlo.runtime.progress.TextBar``: the class, built on first use (PEP 562)."""
+    if name == "TextBar":
+        return text_bar_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install() -> Callable[[], None]:
