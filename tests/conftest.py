@@ -68,6 +68,19 @@ def read_only_folder():
         shutil.rmtree(base, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- a small file system, to fill
+def mount_tmpfs(folder: Path, size: str) -> bool:
+    """Mount a tmpfs of ``size`` (e.g. "64k") on ``folder``: a disk that fills up for real. Needs root and
+    ``mount``; False (nothing mounted) otherwise, and the caller skips."""
+    import subprocess
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                         capture_output=True, timeout=30)
+    return res.returncode == 0
+
+
 # ---------------------------------------------------------------- a GPU node's bare Python
 BARE_NODE = Path(__file__).with_name("bare_node")
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import mount_tmpfs as _mount_tmpfs
+
 import dlo  # noqa: F401
 from dlo.runtime import atomic
 
@@ -80,14 +82,6 @@ def test_a_full_disk_says_no_space_left_naming_the_file_and_keeps_the_old_one(tm
     monkeypatch.setattr(atomic, "_free_bytes", lambda folder: 0)  # not an I/O error: never called a full disk
     with pytest.raises(ValueError, match="bad state"):
         atomic.atomic_write(path, lambda tmp: (_ for _ in ()).throw(ValueError("bad state")))
-
-
-def _mount_tmpfs(folder: Path, size: str) -> bool:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                         capture_output=True, timeout=30)
-    return res.returncode == 0
 
 
 def test_a_checkpoint_on_a_real_full_disk_keeps_the_previous_one_and_says_why():

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import mount_tmpfs as _mount_tmpfs
+
 import dlo  # noqa: F401
 from dlo.lessons import hpo
 from dlo.lessons.hpo import journal as journal_module
@@ -120,14 +122,6 @@ def test_a_full_disk_is_one_line_naming_the_file_and_the_study_reads_again(tmp_p
     assert _trials(path) == 2
     assert hpo.main(["worker", "--journal", str(path), "--study", "s", "--n-trials", "2"]) == 0
     assert _trials(path) == 4
-
-
-def _mount_tmpfs(folder: Path, size: str) -> bool:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                         capture_output=True, timeout=30)
-    return res.returncode == 0
 
 
 def test_a_real_full_disk_kills_the_worker_in_one_line_and_the_study_reads_after_space_is_freed():
