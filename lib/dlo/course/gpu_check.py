@@ -47,7 +47,7 @@ from dlo.measure.bench import environment_info
 from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.errors import first_line
 from dlo.runtime.launch import LaunchError, launch
-from dlo.runtime.paths import ROOT, run_dir
+from dlo.runtime.paths import ROOT, env_with_dlo, run_dir
 
 #: airbench94's time to 94 % on one A100 (Jordan, arXiv 2404.00498): the race's yardstick.
 AIRBENCH94_A100_S = 3.83
@@ -332,13 +332,6 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 # Running them
 # --------------------------------------------------------------------------------------------------
 
-def _dlo_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment with ``lib/`` first on PYTHONPATH (``python -m dlo`` without an install)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "lib"), os.environ.get("PYTHONPATH")]))}
-    env.update(extra or {})
-    return env
-
-
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -351,7 +344,7 @@ def _run_one(bench: Benchmark, gpus: int, dry: bool, out: Path, *, quick: bool =
     env = {"CUDA_VISIBLE_DEVICES": ""} if dry else None  # a dry run stays on the CPU, even on a GPU node
     timeout_s = timeout_s or bench.timeout_s
     if command[0] == "module":
-        done = subprocess.run([sys.executable, "-m", "dlo", *command[1]], cwd=ROOT, env=_dlo_env(env),
+        done = subprocess.run([sys.executable, "-m", "dlo", *command[1]], cwd=ROOT, env=env_with_dlo(**(env or {})),
                               timeout=timeout_s, capture_output=True, text=True)
         if done.returncode not in bench.ok_exit_codes:
             raise RuntimeError(f"exit code {done.returncode}: {_last_line(done.stderr or done.stdout)}")
@@ -404,9 +397,7 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
         return {**row, "verdict": f"skipped: needs {', '.join(missing)} (not installed here)"}
     extra = {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "DLO_RUNS_DIR": str(out.parent),
              **({"CUDA_VISIBLE_DEVICES": ""} if dry else {})}
-    full_env = dict(os.environ if env is None else env)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [full_env.get("PYTHONPATH"), str(ROOT / "lib")]))
-    full_env.update(extra)
+    full_env = env_with_dlo(None if env is None else dict(env), **extra)
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
@@ -458,8 +449,9 @@ def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: li
 
     ``quick``: first every course notebook's ``dry`` profile (or those in ``notebooks``) on the GPU through the
     plain engine, ``jobs`` at a time, then the one-GPU benchmarks with fewer timed steps, alone; all of it within
-    ``budget_s`` seconds (default :data:`QUICK_BUDGET_S`; a step is capped at what is left; what cannot start is reported "not run"). Multi-GPU
-    benchmarks are skipped there with what they need. The JSON then has one row per notebook too."""
+    ``budget_s`` seconds (default :data:`QUICK_BUDGET_S`; a step is capped at what is left; what cannot start is
+    reported "not run"). Multi-GPU benchmarks are skipped there with what they need. The JSON then has one row per
+    notebook too."""
     names = [b.name for b in BENCHMARKS]
     for name in [*(only or []), *(skip or [])]:
         if name not in names:

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, TextIO
 from dlo.course.notebooks import (NotebookArgumentError, NotebookError, _source, check_parameter_types,
                                   parameters_of, resolve_profile)
 from dlo.runtime import progress
-from dlo.runtime.paths import RUNS_DIR, probe_writable
+from dlo.runtime.paths import RUNS_DIR, env_with_dlo, probe_writable
 
 KERNEL_NAME = "dlo"
 THIS_PYTHON_KERNEL = "dlo-this-python"  # the stand-in kernel: ipykernel in the Python that runs `dlo run`
@@ -100,8 +100,7 @@ def validate_notebook(notebook: Path, params: dict[str, Any], out: Path, timeout
     the notebook gives a CPU. NotebookArgumentError with the failing cell's line when they refuse a value."""
     import subprocess
 
-    lib = str(Path(__file__).resolve().parents[2])  # the folder holding the dlo package
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p)}
+    env = env_with_dlo()
     request = repr({"notebook": str(notebook), "params": params, "out": str(out)})
     try:
         res = subprocess.run([sys.executable, "-c", "from dlo.course.runner import _validate_child; _validate_child()",

@@ -23,6 +23,8 @@ def _find_root() -> Path:
 
 
 ROOT: Path = _find_root()
+#: The folder that holds the ``dlo`` package (``lib/`` in a checkout).
+LIB_DIR: Path = _PKG.parent.parent
 CACHE_DIR: Path = Path(os.environ.get("DLO_CACHE_DIR", ROOT / ".cache"))
 RUNS_DIR: Path = Path(os.environ.get("DLO_RUNS_DIR", ROOT / "runs"))
 
@@ -66,3 +68,13 @@ def probe_writable(folder: str | os.PathLike, *, create: bool = True) -> Path:
     probe.touch()
     probe.unlink()
     return folder
+
+
+def env_with_dlo(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """``env`` (default: this process's environment) plus ``extra``, with the folder holding ``dlo`` first on
+    PYTHONPATH: a ``python -m dlo ...`` started with it imports this very ``dlo``, installed or not (a GPU node's
+    bare Python with ``PYTHONPATH=lib``)."""
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LIB_DIR), out.get("PYTHONPATH")]))
+    out.update(extra)
+    return out
