@@ -5,8 +5,8 @@
                                               --dry-run: check the arguments and the notebook's own
                                               settings checks (cells tagged validate), start no work
     dlo check COURSE STEP [--notebook PATH]                           check an exercise step
-    dlo hint COURSE STEP [--level N]                                  the next hint of a step (concept, tools,
-                                              near-code; the level reached is kept in runs/hints.json)
+    dlo hint COURSE STEP [--level N]                                  the next hint of a step (the idea, the
+                                              shape of the computation, the API; the level is kept in runs/hints.json)
     dlo solution COURSE STEP                                          print a step's reference solution
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
@@ -98,12 +98,10 @@ def _known_step(course: str, step: str, notebook: str | None) -> None:
 
 def _cmd_hint(args: argparse.Namespace) -> int:
     from dlo.course.hints import LEVELS, STATE_FILE, advance, levels
-    from dlo.course.student import step_solution
 
-    outline = "; ".join(hint for _, hint, _ in step_solution(args.course, args.step) if hint)
     level, not_kept = advance(args.course, args.step, args.level)
     print(f"Hint {level}/{LEVELS} for {args.course}/{args.step}:")
-    print(levels(args.course, args.step, outline or "see `dlo solution`")[level - 1])
+    print(levels(args.course, args.step)[level - 1])
     if level < LEVELS and not_kept:
         print(f"(the level reached is not kept: {not_kept}; `dlo hint {args.course} {args.step} --level "
               f"{level + 1}` shows the next one)")
@@ -210,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--list", action="store_true", help="list the steps that have a checker")
     c.set_defaults(func=_cmd_check)
 
-    h = sub.add_parser("hint", help="the next hint of an exercise step (concept, then tools, then near-code)")
+    h = sub.add_parser("hint", help="the next hint of an exercise step (the idea, then the shape of the computation, then the API)")
     h.add_argument("course", help="the course, as the TODO's `dlo hint COURSE STEP` line names it")
     h.add_argument("step", help="the exercise step; `dlo check --list` shows every course and step")
     h.add_argument("--level", type=int, default=None, help="show this level (1-3) instead of the next one")

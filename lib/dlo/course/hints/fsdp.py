@@ -1,0 +1,49 @@
+"""Goals and hints of the FSDP workshop (fsdp.ipynb, apis.ipynb): see :mod:`dlo.course.hints` for what each level holds."""
+from __future__ import annotations
+
+from dlo.course.hints.base import Hint, h as _h
+
+HINTS: dict[tuple[str, str], Hint] = {
+    # FSDP
+    ("fsdp", "ddp"): _h(
+        "Build the DDP baseline: the model on its device, wrapped only when there are several processes.",
+        "DDP replicates the whole model on every rank; it needs a process group.",
+        "DistributedDataParallel(model, device_ids=... only on GPUs)."),
+    ("fsdp", "fsdp"): _h(
+        "Shard the model with FSDP2, one unit per decoder layer plus the root, passing every option you are given "
+        "to each unit.",
+        "Each unit is all-gathered before it runs and freed after: layers first, so that the root keeps only what "
+        "no layer owns. Options given to only some units silently change the run (fp32 instead of bf16).",
+        "torch.distributed.fsdp.fully_shard(module, mp_policy=..., offload_policy=..., reshard_after_forward=...)."),
+    ("fsdp", "precision"): _h(
+        "Choose the mixed-precision policy for a precision name: compute in bf16 but reduce gradients in fp32.",
+        "Summing gradients over many ranks in bf16 loses precision; fp32 needs no policy; unknown names are errors.",
+        "MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...), None, ValueError."),
+    ("fsdp", "checkpointing"): _h(
+        "Make every decoder layer recompute its activations in the backward instead of storing them.",
+        "Each layer keeps only its input; the wrapper must replace the layer in the model.",
+        "checkpoint_wrapper from torch.distributed.algorithms._checkpoint.checkpoint_wrapper; assign into "
+        "model.model.layers[i]."),
+    ("fsdp", "reshard"): _h(
+        "Let the caller choose whether each layer frees its gathered weights after the forward.",
+        "Freeing saves memory but costs a second all-gather in the backward; the choice must reach every layer.",
+        "The reshard_after_forward argument of fully_shard, on every call."),
+    ("fsdp", "offload"): _h(
+        "Choose where the sharded state lives: on the GPU, or in CPU memory when asked on a GPU run.",
+        "Offloading only makes sense from a GPU; page-locked memory makes the copies faster.",
+        "OffloadPolicy(), CPUOffloadPolicy(pin_memory=...), ValueError on a CPU device."),
+    ("fsdp", "compile"): _h(
+        "Compile each decoder layer in place, leaving the root uncompiled so that FSDP can wrap it.",
+        "Per-layer graphs keep FSDP's per-layer hooks outside the compiled code.",
+        "nn.Module.compile() on each layer (it compiles in place)."),
+    ("fsdp", "dcp"): _h(
+        "Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards.",
+        "Distributed checkpoints store shards plus metadata; loading fills an existing state dict in place, which "
+        "must then be set back into the model and optimizer.",
+        "torch.distributed.checkpoint: get_state_dict, dcp.save, dcp.load, set_state_dict."),
+    ("fsdp", "deepspeed"): _h(
+        "Write the DeepSpeed configuration for a ZeRO stage, a global batch and a world size.",
+        "The global batch is split over the GPUs; only stages 1 to 3 exist.",
+        "Keys zero_optimization.stage, train_batch_size, train_micro_batch_size_per_gpu, "
+        "gradient_accumulation_steps, bf16.enabled."),
+}
