@@ -36,11 +36,14 @@ def test_corpus_is_not_empty_and_names_real_steps():
         assert course in checks.REGISTRY and step in checks.REGISTRY[course], f"{_id(path)}: no such step"
 
 
-#: Steps whose answer is one library call in one process (an API to find, no formula, no collective): two
-#: misconceptions are enough there. Every other step -- a number or tensor to compute, or code that runs on
-#: several processes -- needs at least four, so that its checker is tried against more than the obvious slip.
-API_STEPS = {"jour1/device", "jour1/cudnn", "jour1/compile", "jour1/channels_last", "jit/graph_break",
-             "jit/compiled_step", "hpo/search_space", "hpo/report_prune", "recipes/resize", "transfer/head"}
+#: Every step's checker is tried against at least five plausible wrong answers, across the families of mistake that
+#: fool a checker (a flag set but the behaviour wrong, part of the result right, inputs that never reach the mistake),
+#: and against at least one correct answer written another way than the reference solution (``ok_*.py``).
+MIN_WRONG, MIN_CORRECT = 5, 1
+
+
+def _steps() -> list[str]:
+    return [f"{course}/{step}" for course, steps in checks.REGISTRY.items() for step in steps]
 
 
 def test_every_step_has_enough_wrong_answers():
@@ -48,13 +51,17 @@ def test_every_step_has_enough_wrong_answers():
     for path in FILES:
         step = _id(path).rsplit("/", 1)[0]
         counts[step] = counts.get(step, 0) + 1
-    short = []
-    for course, steps in checks.REGISTRY.items():
-        for step in steps:
-            name, need = f"{course}/{step}", 2 if f"{course}/{step}" in API_STEPS else 4
-            if counts.get(name, 0) < need:
-                short.append(f"{name} ({counts.get(name, 0)} of {need})")
+    short = [f"{name} ({counts.get(name, 0)} of {MIN_WRONG})" for name in _steps() if counts.get(name, 0) < MIN_WRONG]
     assert not short, "steps with too few wrong answers in tests/wrong_answers: " + ", ".join(short)
+
+
+def test_every_step_has_a_correct_alternative():
+    counts: dict[str, int] = {}
+    for path in CORRECT:
+        step = _id(path).rsplit("/", 1)[0]
+        counts[step] = counts.get(step, 0) + 1
+    short = [name for name in _steps() if counts.get(name, 0) < MIN_CORRECT]
+    assert not short, "steps with no correct alternative (ok_*.py) in tests/wrong_answers: " + ", ".join(short)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[_id(p) for p in FILES])
