@@ -211,6 +211,22 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
       and :func:`restore_training_state`; the optimizers notebook passes the student's own).
     """
 
+    _check_arguments(start_lr, end_lr, num_steps, smooth, diverge_factor)
+    device = _model_device(model) if device is None else torch.device(device)
+    if step_fn is None:
+        step_fn = _plain_step(model, optimizer, criterion)
+    saved = save(model, optimizer, scheduler)  # copies, not references (state_dict() tensors *are* the live ones)
+    try:
+        sweep = _sweep(model, optimizer, step_fn, batches, device, start_lr=start_lr, end_lr=end_lr,
+                       num_steps=num_steps, smooth=smooth, diverge_factor=diverge_factor)
+    finally:
+        restore(model, optimizer, scheduler, saved)
+    return _read_curve(sweep, start_lr=start_lr, end_lr=end_lr, num_steps=num_steps,
+                       meta={"smooth": smooth, "diverge_factor": diverge_factor, "device": str(device)})
+
+
+def _check_arguments(start_lr: float, end_lr: float, num_steps: int, smooth: float, diverge_factor: float) -> None:
+    """Refuse a bad sweep in one line, before any training step."""
     _check_lr(start_lr, allow_zero=False)
     _check_lr(end_lr, allow_zero=False)
     if start_lr >= end_lr:
@@ -220,50 +236,65 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
     _check_range("smooth", smooth, 0.0, 1.0)
     if not (math.isfinite(diverge_factor) and diverge_factor > 1):
         raise ValueError(f"diverge_factor must be > 1, got {diverge_factor!r}")
-    if device is None:
-        first = next(iter(model.parameters()), None)
-        device = first.device if first is not None else torch.device("cpu")
-    device = torch.device(device)
 
-    if step_fn is None:
-        def step_fn(x, y):
-            optimizer.zero_grad(set_to_none=True)
-            loss = criterion(model(x), y)
-            loss.backward()
-            optimizer.step()
-            return loss.detach()
 
-    # --- snapshot: copies, not references (state_dict() tensors *are* the live tensors) ----------------
-    saved = save(model, optimizer, scheduler)
+def _model_device(model: nn.Module) -> torch.device:
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
 
-    lrs: list[float] = []
-    losses: list[float] = []
-    smoothed: list[float] = []
-    divergence_lr = None
-    try:
-        model.train()
-        avg, best = 0.0, math.inf
-        data = iter(_cycle(batches))
-        for i in range(num_steps):
-            lr = start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))
-            _set_lr(optimizer, lr)
-            x, y = _to_device(next(data), device)
-            loss = float(step_fn(x, y))
-            if not math.isfinite(loss):
-                divergence_lr = lr
-                break
-            avg = smooth * avg + (1 - smooth) * loss
-            value = avg / (1 - smooth ** (i + 1))
-            lrs.append(lr)
-            losses.append(loss)
-            smoothed.append(value)
-            if i > 0 and value > diverge_factor * best:
-                divergence_lr = lr
-                break
-            best = min(best, value)
-    finally:
-        restore(model, optimizer, scheduler, saved)
 
+def _plain_step(model: nn.Module, optimizer: Optimizer, criterion: Callable) -> Callable[[Any, Any], Any]:
+    """The default training step: zero_grad / forward / backward / ``optimizer.step()`` in fp32."""
+    def step_fn(x, y):
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+    return step_fn
+
+
+@dataclass
+class _Sweep:
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    divergence_lr: float | None = None
+
+
+def _sweep(model: nn.Module, optimizer: Optimizer, step_fn: Callable[[Any, Any], Any], batches: Iterable,
+           device: torch.device, *, start_lr: float, end_lr: float, num_steps: int, smooth: float,
+           diverge_factor: float) -> _Sweep:
+    """One training step per learning rate, the lr growing exponentially; stops once the smoothed loss
+    diverges (the caller restores the training state afterwards)."""
+    out = _Sweep()
+    model.train()
+    avg, best = 0.0, math.inf
+    data = iter(_cycle(batches))
+    for i in range(num_steps):
+        lr = start_lr * (end_lr / start_lr) ** (i / (num_steps - 1))
+        _set_lr(optimizer, lr)
+        x, y = _to_device(next(data), device)
+        loss = float(step_fn(x, y))
+        if not math.isfinite(loss):
+            out.divergence_lr = lr
+            break
+        avg = smooth * avg + (1 - smooth) * loss
+        value = avg / (1 - smooth ** (i + 1))
+        out.lrs.append(lr)
+        out.losses.append(loss)
+        out.smoothed.append(value)
+        if i > 0 and value > diverge_factor * best:
+            out.divergence_lr = lr
+            break
+        best = min(best, value)
+    return out
+
+
+def _read_curve(sweep: _Sweep, *, start_lr: float, end_lr: float, num_steps: int,
+                meta: dict[str, Any]) -> LRFinderResult:
+    """The suggestion read off the swept curve (see :class:`LRFinderResult`)."""
+    lrs, smoothed = sweep.lrs, sweep.smoothed
     if not lrs:
         raise RuntimeError(f"lr_find: the loss was not finite at the very first lr ({start_lr:g}); "
                            "check the model and the data before the learning rate")
@@ -271,7 +302,7 @@ def lr_find(model: nn.Module, optimizer: Optimizer, criterion: Callable, batches
     min_loss_lr = lrs[min(range(len(smoothed)), key=smoothed.__getitem__)]
     high = min(max(min_loss_lr / 10, lrs[0]), lrs[-1])
     low = steepest if steepest < high else max(high / 10, lrs[0])
-    return LRFinderResult(lrs=lrs, losses=losses, smoothed=smoothed, steepest_lr=steepest, min_loss_lr=min_loss_lr,
-                          divergence_lr=divergence_lr, suggested_range=(low, high), start_lr=float(start_lr),
-                          end_lr=float(end_lr), num_steps=num_steps, stopped_early=len(lrs) < num_steps,
-                          meta={"smooth": smooth, "diverge_factor": diverge_factor, "device": str(device)})
+    return LRFinderResult(lrs=lrs, losses=sweep.losses, smoothed=smoothed, steepest_lr=steepest,
+                          min_loss_lr=min_loss_lr, divergence_lr=sweep.divergence_lr, suggested_range=(low, high),
+                          start_lr=float(start_lr), end_lr=float(end_lr), num_steps=num_steps,
+                          stopped_early=len(lrs) < num_steps, meta=meta)

@@ -175,114 +175,153 @@ def profile_loader(loader, n_iters: int, *, compute: Callable[[Any, Any], Any] |
         raise ValueError(f"n_iters must be an integer >= 2 (iteration 0 is the first-batch latency, the steady "
                          f"state starts at 1), got {n_iters!r}")
     device = torch.device(device)
-    ops = ops if ops is not None else TransferOps(device)
-    settings = loader_settings(loader)
-    label = label if label is not None else trial_label(settings)
-    sampler = MemorySampler(memory_metric) if sample_memory else None
-
+    run = _LoaderRun(loader, device=device, compute=compute, non_blocking=non_blocking,
+                     ops=ops if ops is not None else TransferOps(device),
+                     sampler=MemorySampler(memory_metric) if sample_memory else None)
+    label = label if label is not None else trial_label(run.settings)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=n_iters, desc=desc if desc is not None else label, leave=False, disable=not progress)
-    wait, sizes, main_mem, workers_mem = [], [], [], []
-    copy_events, compute_events = [], []
-    state: dict[str, Any] = {"overhead": 0.0, "workers": [], "stream": None, "mode": "serial", "pinned": None}
-    steady_wall = None
-    ops.synchronize()
-    ref = ops.event()
-    ops.record(ref)  # the origin of the device timestamps
-    t_start = time.perf_counter()
-    iterator = iter(loader)
-    iter_s = time.perf_counter() - t_start
+    run.bar = tqdm(total=n_iters, desc=desc if desc is not None else label, leave=False, disable=not progress)
+    run.start()
+    try:
+        run.first_iteration()
+        if run.mode == "serial":
+            run.serial_loop(n_iters)
+        else:
+            run.overlap_loop(n_iters)
+    finally:
+        run.bar.close()
+        run.iterator = None  # shuts non-persistent workers down now rather than at the next garbage collection
+    return run.trial(label)
 
-    def fetch(t0: float):
+
+class _LoaderRun:
+    """The phases of :func:`profile_loader`: start the iterator, run iteration 0, then the steady state in the
+    serial or the overlapping loop, and turn the recorded events into a :class:`LoaderTrial`."""
+
+    def __init__(self, loader, *, device: torch.device, compute, non_blocking: bool, ops: TransferOps,
+                 sampler: MemorySampler | None) -> None:
+        self.loader, self.device, self.compute, self.non_blocking = loader, device, compute, non_blocking
+        self.ops, self.sampler = ops, sampler
+        self.settings = loader_settings(loader)
+        self.bar: Any = None
+        self.wait: list[float] = []
+        self.sizes: list[int] = []
+        self.main_mem: list[int] = []
+        self.workers_mem: list[int] = []
+        self.copy_events: list[tuple[Any, Any]] = []
+        self.compute_events: list[tuple[Any, Any]] = []
+        self.overhead, self.workers, self.stream, self.mode, self.pinned = 0.0, [], None, "serial", None
+        self.steady_wall: float | None = None
+        self.moved: Any = None
+
+    def start(self) -> None:
+        """The clock starts before ``iter(loader)``: starting the workers is part of the first-batch latency."""
+        self.ops.synchronize()
+        self.ref = self.ops.event()
+        self.ops.record(self.ref)  # the origin of the device timestamps
+        self.t_start = time.perf_counter()
+        self.iterator = iter(self.loader)
+        self.iter_s = time.perf_counter() - self.t_start
+
+    def fetch(self, t0: float):
         """The next batch moved to the device (its copy issued), or None at the end of the loader."""
+        ops = self.ops
         try:
-            batch = next(iterator)
+            batch = next(self.iterator)
         except StopIteration:
             return None
-        wait.append(time.perf_counter() - t0)
+        self.wait.append(time.perf_counter() - t0)
         images, labels = _split_batch(batch)
-        if state["pinned"] is None:  # the first batch decides how the copies are issued
-            state["pinned"] = ops.is_pinned(images)
-            if non_blocking and state["pinned"]:
-                state["mode"], state["stream"] = "overlap", ops.new_stream()
+        if self.pinned is None:  # the first batch decides how the copies are issued
+            self.pinned = ops.is_pinned(images)
+            if self.non_blocking and self.pinned:
+                self.mode, self.stream = "overlap", ops.new_stream()
         start, end = ops.event(), ops.event()
-        with ops.on_stream(state["stream"]):
-            ops.record(start, state["stream"])
-            moved = ops.copy(images, non_blocking), ops.copy(labels, non_blocking)
-            ops.record(end, state["stream"])
-        copy_events.append((start, end))
-        sizes.append(_count(images))
+        with ops.on_stream(self.stream):
+            ops.record(start, self.stream)
+            moved = ops.copy(images, self.non_blocking), ops.copy(labels, self.non_blocking)
+            ops.record(end, self.stream)
+        self.copy_events.append((start, end))
+        self.sizes.append(_count(images))
         return moved
 
-    def step(moved) -> None:
-        if state["stream"] is not None:  # wait for this batch's copy on the device, not on the host
-            ops.wait_for(state["stream"])
+    def step(self, moved) -> None:
+        ops = self.ops
+        if self.stream is not None:  # wait for this batch's copy on the device, not on the host
+            ops.wait_for(self.stream)
             ops.hand_over(*moved)
         start, end = ops.event(), ops.event()
         ops.record(start)
-        if compute is not None:
-            compute(*moved)
+        if self.compute is not None:
+            self.compute(*moved)
         ops.record(end)
-        compute_events.append((start, end))
+        self.compute_events.append((start, end))
 
-    def after_step(i: int) -> None:
-        if sampler is not None:
+    def after_step(self, i: int) -> None:
+        if self.sampler is not None:
             t = time.perf_counter()
             if i == 0:
-                state["workers"] = sampler.worker_processes(iterator, settings["num_workers"])
-            m, w = sampler.sample(state["workers"])
-            main_mem.append(m)
-            workers_mem.append(w)
-            state["overhead"] += time.perf_counter() - t
-        bar.update(1)
+                self.workers = self.sampler.worker_processes(self.iterator, self.settings["num_workers"])
+            m, w = self.sampler.sample(self.workers)
+            self.main_mem.append(m)
+            self.workers_mem.append(w)
+            self.overhead += time.perf_counter() - t
+        self.bar.update(1)
 
-    try:
-        moved = fetch(t_start)
-        if moved is not None:
-            step(moved)
-            ops.synchronize()  # end of iteration 0 (worker start, warm-ups): kept out of the steady state
-            after_step(0)
-        if state["mode"] == "serial":
-            for i in range(1, n_iters):
-                moved = fetch(time.perf_counter()) if moved is not None else None
-                if moved is None:
-                    break
-                step(moved)
-                ops.synchronize()  # one per step: the host waits until the step (and its copy) is over
-                after_step(i)
-        else:
-            overhead0, t_steady = state["overhead"], time.perf_counter()
-            moved = fetch(t_steady)  # batch 1 is copied while ...
-            for i in range(1, n_iters):
-                if moved is None:
-                    break
-                step(moved)  # ... step i computes; batch i+1's copy is issued right after its launch
-                moved = fetch(time.perf_counter()) if i + 1 < n_iters else None
-                after_step(i)
-            ops.synchronize()  # the only wait for the device in the steady state: the numbers are read now
-            steady_wall = time.perf_counter() - t_steady - (state["overhead"] - overhead0)
-    finally:
-        bar.close()
-        del iterator  # shuts non-persistent workers down now rather than at the next garbage collection
-    if not wait:
-        raise ValueError("the loader produced no batch: is the dataset empty (or smaller than a batch with "
-                         "drop_last=True)?")
-    if len(wait) < 2:
-        warnings.warn("the loader produced a single batch: no steady state to measure (throughput is NaN); "
-                      "use a longer loader or smaller batches", UserWarning, stacklevel=2)
-    n = len(compute_events)
-    copy_iv = [(ops.seconds(ref, a), ops.seconds(ref, b)) for a, b in copy_events[:n]]
-    comp_iv = [(ops.seconds(ref, a), ops.seconds(ref, b)) for a, b in compute_events]
-    copy = [b - a for a, b in copy_iv]
-    comp = [b - a if compute is not None else 0.0 for a, b in comp_iv]
-    hidden = overlap_seconds(copy_iv, comp_iv) if compute is not None else [0.0] * n
-    return LoaderTrial(settings=settings, wait_s=wait[:n], copy_s=copy, compute_s=comp, batch_sizes=sizes[:n],
-                       first_batch_s=wait[0], iter_s=iter_s, main_bytes=main_mem, workers_bytes=workers_mem,
-                       memory_metric=sampler.metric if sampler is not None else None,
-                       memory_overhead_s=state["overhead"], device=str(device), label=label,
-                       mode=state["mode"], pinned=state["pinned"], overlap_s=hidden, syncs=ops.syncs,
-                       steady_wall_s=steady_wall)
+    def first_iteration(self) -> None:
+        self.moved = self.fetch(self.t_start)
+        if self.moved is not None:
+            self.step(self.moved)
+            self.ops.synchronize()  # end of iteration 0 (worker start, warm-ups): kept out of the steady state
+            self.after_step(0)
+
+    def serial_loop(self, n_iters: int) -> None:
+        """Fetch, copy, compute, then one synchronisation per step."""
+        moved = self.moved
+        for i in range(1, n_iters):
+            moved = self.fetch(time.perf_counter()) if moved is not None else None
+            if moved is None:
+                break
+            self.step(moved)
+            self.ops.synchronize()  # one per step: the host waits until the step (and its copy) is over
+            self.after_step(i)
+
+    def overlap_loop(self, n_iters: int) -> None:
+        """Batch i+1's copy is issued right after step i is launched; one synchronisation at the end."""
+        overhead0, t_steady = self.overhead, time.perf_counter()
+        moved = self.fetch(t_steady)  # batch 1 is copied while ...
+        for i in range(1, n_iters):
+            if moved is None:
+                break
+            self.step(moved)  # ... step i computes; batch i+1's copy is issued right after its launch
+            moved = self.fetch(time.perf_counter()) if i + 1 < n_iters else None
+            self.after_step(i)
+        self.ops.synchronize()  # the only wait for the device in the steady state: the numbers are read now
+        self.steady_wall = time.perf_counter() - t_steady - (self.overhead - overhead0)
+
+    def trial(self, label: str) -> LoaderTrial:
+        """The recorded events read as seconds (after the final synchronisation)."""
+        ops, wait = self.ops, self.wait
+        if not wait:
+            raise ValueError("the loader produced no batch: is the dataset empty (or smaller than a batch with "
+                             "drop_last=True)?")
+        if len(wait) < 2:
+            warnings.warn("the loader produced a single batch: no steady state to measure (throughput is NaN); "
+                          "use a longer loader or smaller batches", UserWarning, stacklevel=3)
+        n = len(self.compute_events)
+        copy_iv = [(ops.seconds(self.ref, a), ops.seconds(self.ref, b)) for a, b in self.copy_events[:n]]
+        comp_iv = [(ops.seconds(self.ref, a), ops.seconds(self.ref, b)) for a, b in self.compute_events]
+        copy = [b - a for a, b in copy_iv]
+        comp = [b - a if self.compute is not None else 0.0 for a, b in comp_iv]
+        hidden = overlap_seconds(copy_iv, comp_iv) if self.compute is not None else [0.0] * n
+        return LoaderTrial(settings=self.settings, wait_s=wait[:n], copy_s=copy, compute_s=comp,
+                           batch_sizes=self.sizes[:n], first_batch_s=wait[0], iter_s=self.iter_s,
+                           main_bytes=self.main_mem, workers_bytes=self.workers_mem,
+                           memory_metric=self.sampler.metric if self.sampler is not None else None,
+                           memory_overhead_s=self.overhead, device=str(self.device), label=label,
+                           mode=self.mode, pinned=self.pinned, overlap_s=hidden, syncs=ops.syncs,
+                           steady_wall_s=self.steady_wall)
 
 
 def overlap_sentence(trial: LoaderTrial, baseline: LoaderTrial | None = None) -> str:
