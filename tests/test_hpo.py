@@ -621,3 +621,42 @@ def test_a_trial_never_sees_a_test_sample(tiny_data):
     assert None not in _rows_in(inputs, allowed)
     assert _rows_in(inputs, x_test) == [None] * len(inputs)
     assert 0.0 <= trainer.accuracy(x_test, torch.zeros(16, dtype=torch.long)) <= 1.0  # the final report, by hand
+
+
+def test_a_worker_killed_as_soon_as_its_trial_runs_leaves_a_trial_that_resume_fails(tmp_path):
+    """The notebook's scene, for real: a `dlo hpo worker` process SIGKILLed the moment a RUNNING trial of its appears
+    in the journal. Its owner (host, pid) was written with the trial, so fail_dead_trials fails exactly that trial
+    (with study.optimize, the owner was recorded a moment after the trial became RUNNING: a kill in between left a
+    trial nothing could clean, and the notebook printed "marked [] FAILED")."""
+    import signal
+    import subprocess
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from dlo.lessons.hpo.journal import fail_dead_trials, journal_storage
+
+    journal = tmp_path / "journal.log"
+    storage = journal_storage(journal)
+    optuna.create_study(study_name="k", storage=storage)
+    worker = subprocess.Popen([sys.executable, "-m", "dlo", "hpo", "worker", "--journal", str(journal), "--study", "k",
+                               "--n-trials", "5", "--sleep", "60", "--seed", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        study = optuna.load_study(study_name="k", storage=storage)
+        deadline = time.monotonic() + 240
+        while not study.get_trials(states=(TrialState.RUNNING,)) and time.monotonic() < deadline:
+            assert worker.poll() is None, worker.stderr.read().decode()
+            time.sleep(0.02)
+        worker.send_signal(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    running = [t.number for t in study.get_trials(states=(TrialState.RUNNING,))]
+    assert running, "the worker never started a trial"
+    # deterministic part: the record that creates each trial already names its owner (no window for a kill)
+    created = [json.loads(line) for line in journal.read_text().splitlines() if '"op_code":4' in line]
+    assert created and all(r["user_attrs"].get("pid") == worker.pid for r in created), created
+    assert fail_dead_trials(storage, "k") == running
+    assert {t.state for t in optuna.load_study(study_name="k", storage=storage).trials} == {TrialState.FAIL}

@@ -263,18 +263,11 @@ def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_tri
     if dead:
         print(f"[worker {worker}] trials {dead} of a killed worker marked FAILED", flush=True)
 
-    def objective(trial):
-        trial.set_user_attr("worker", worker)
-        trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
-        value = fn.objective(trial)
-        if sleep_s:
-            time.sleep(sleep_s)
-        return value
-
     start = time.perf_counter()
     try:
-        study.optimize(objective, n_trials=n_trials)
+        for _ in range(n_trials):
+            _run_one_trial(study, storage, fn.objective, owner={"worker": worker, "host": socket.gethostname(),
+                                                                 "pid": os.getpid()}, sleep_s=sleep_s)
     except Exception as exc:  # noqa: BLE001 - re-raised, or the journal's own one-line error in its place
         cause = _journal_error(exc)
         if cause is None or cause is exc:
@@ -284,6 +277,30 @@ def run_worker(journal: str | os.PathLike, study_name: str, function: str, n_tri
     return {"worker": worker, "pid": os.getpid(), "seed": seed, "trials": len(mine),
             "best_own": min(t.value for t in mine if t.value is not None),
             "trials_in_study_at_end": len(study.trials), "seconds": time.perf_counter() - start}
+
+
+def _run_one_trial(study, storage, objective, *, owner: dict[str, Any], sleep_s: float) -> None:
+    """One trial whose owner (worker number, host, pid) is written *with* the trial, in the journal record that
+    creates it: a worker killed at any moment -- even between Optuna creating the trial and the objective's first
+    line -- leaves a RUNNING trial that :func:`fail_dead_trials` can recognise as its own. (``study.optimize``
+    creates the trial first and lets the objective record its owner afterwards: a kill in between left a trial that
+    nothing could ever clean.) Then what ``study.optimize`` does: ask, evaluate, tell."""
+    import optuna
+    from optuna.trial import TrialState
+
+    template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs=owner)
+    trial = optuna.Trial(study, storage.create_new_trial(study._study_id, template_trial=template))
+    try:
+        value = objective(trial)
+        if sleep_s:
+            time.sleep(sleep_s)
+    except optuna.TrialPruned:
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    except BaseException:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    study.tell(trial, value)
 
 
 def _journal_error(exc: BaseException) -> BaseException | None:
