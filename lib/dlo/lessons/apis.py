@@ -21,20 +21,12 @@ the notebook's other cells) still import on a machine that lacks them.
 from __future__ import annotations
 
 import ast
-import contextlib
 import importlib.util
 import inspect
 import json
 import os
-import queue
-import re
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -44,9 +36,6 @@ from torch import nn
 
 from dlo.runtime.device import synchronize
 from dlo.models.config import TINY_LLAMA, TransformerConfig
-from dlo.models.llama import Llama, lm_loss, token_batch
-from dlo.runtime.paths import run_dir
-from dlo.runtime.records import RECORDS_ENV, read_records
 from dlo.measure.bench import Measurement
 
 __all__ = ["MODELS", "API_STRATEGIES", "LIBRARIES", "PINS", "missing_library", "unavailable_reason", "accelerate_config",
@@ -177,123 +166,6 @@ def read_accelerate_config(path: str | os.PathLike):
     from accelerate.commands.config.config_args import load_config_from_file
 
     return load_config_from_file(str(path))
-
-
-_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit)\b:?.*)$")
-_LAUNCHER_ERRORS = ("ChildFailedError", "CalledProcessError")
-
-
-def _last_error_line(lines: Sequence[str]) -> str:
-    """The first exception line a worker printed (``ValueError: ...``), not the launcher's own ones
-    (``ChildFailedError``, which only says that a worker failed); else the last non-blank line."""
-    for line in lines:
-        m = _EXCEPTION_LINE.match(line.strip())
-        if m and not any(name in line for name in _LAUNCHER_ERRORS):
-            return m.group(1).strip()
-    return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
-
-
-def _stop_with_stacks(pid: int, wait_s: float = 5.0) -> None:
-    """Stop a hung launch so that its log says where it hung: every process under ``pid`` gets SIGABRT, on
-    which Python (started with ``PYTHONFAULTHANDLER=1``) prints each thread's stack before it dies; then
-    whatever is left is killed."""
-    import psutil
-
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for p in reversed(procs):  # the ranks (started last) first, so that the launcher does not stop them itself
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGABRT)
-    psutil.wait_procs(procs, timeout=wait_s)
-    _kill_tree(pid)
-
-
-def _kill_tree(pid: int) -> None:
-    """Kill a process and everything it started (torchrun's workers run in sessions of their own)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(procs, timeout=10)
-
-
-def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_file: str | os.PathLike, *,
-                      records_dir: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
-                      timeout_s: float = 600, echo: bool = True) -> list[dict]:
-    """``accelerate launch --config_file <config_file> <script> <args>``; returns the records the ranks wrote
-    (``dlo.runtime.write_record``), like :func:`dlo.runtime.launch`. A failure raises ``RuntimeError`` with
-    the error line of the first rank that said one (the whole log is in ``<records_dir>/launch.log``)."""
-    reason = missing_library("accelerate")
-    if reason:
-        raise ModuleNotFoundError(reason)
-    script = Path(script).resolve()
-    if not script.is_file():
-        raise ValueError(f"script {script} does not exist")
-    folder = Path(records_dir) if records_dir is not None else Path(
-        tempfile.mkdtemp(prefix=f"{script.stem}-accelerate-{time.strftime('%Y%m%d-%H%M%S')}-", dir=run_dir("launch")))
-    folder.mkdir(parents=True, exist_ok=True)
-    child_env = {k: v for k, v in os.environ.items()
-                 if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
-    child_env.update(env or {})
-    child_env[RECORDS_ENV] = str(folder)
-    child_env["PYTHONUNBUFFERED"] = "1"
-    child_env["PYTHONFAULTHANDLER"] = "1"  # a launch stopped at its timeout prints where each process was
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-               str(script), *[str(a) for a in args]]
-    lines: list[str] = []
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=child_env, text=True, encoding="utf-8", errors="replace", bufsize=1,
-                            start_new_session=True)
-    pending: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            pending.put(line)
-        pending.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline, timed_out = time.monotonic() + timeout_s, False
-    try:
-        while True:  # lines are printed here, in the caller's thread (the right Jupyter cell)
-            if time.monotonic() > deadline and proc.poll() is None:
-                timed_out = True
-                _stop_with_stacks(proc.pid)
-            try:
-                line = pending.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            lines.append(line.rstrip("\n"))
-            if echo and not _noise(line):
-                print("[accelerate] " + line.rstrip("\n"), flush=True)
-        code = proc.wait()
-    except BaseException:  # the notebook's stop button included: leave no worker behind
-        _kill_tree(proc.pid)
-        raise
-    finally:
-        (folder / "launch.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if timed_out:
-        raise RuntimeError(f"accelerate launch of {script.name} timed out after {timeout_s:g} s; where each "
-                           f"process was is in its log: {folder / 'launch.log'}")
-    if code != 0:
-        raise RuntimeError(f"accelerate launch of {script.name} failed (exit code {code}): {_last_error_line(lines)} "
-                           f"(log: {folder / 'launch.log'})")
-    return read_records(folder)
-
-
-def _noise(line: str) -> bool:
-    """torchrun's banner about OMP_NUM_THREADS and the like: not worth a line in the notebook."""
-    return "torch/distributed/run.py" in line or line.strip() in ("", "*****************************************")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -479,90 +351,6 @@ def code_lines(fn: Callable, *, skip: Sequence[str] = ("meter",)) -> int:
     return count
 
 
-# --------------------------------------------------------------------------------------------------
-# fp8 training (torchao), GPU only
-# --------------------------------------------------------------------------------------------------
-
-#: fp8 matmuls (``torch._scaled_mm``) need compute capability 8.9 or more: Ada (L4, L40S), Hopper (H100, H200),
-#: Blackwell. An A100 (8.0) has no fp8 Tensor Cores.
-FP8_MIN_CAPABILITY = (8, 9)
-
-
-def fp8_skip_reason(device: torch.device | str, *, capability: tuple[int, int] | None = None,
-                    torchao_missing: str | None = "auto") -> str | None:
-    """Why the fp8 section cannot run on ``device``, in one line; None when it can. ``capability`` and
-    ``torchao_missing`` default to what this machine reports (tests pass their own)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return (f"fp8 training skipped: it needs an NVIDIA GPU of compute capability "
-                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or more (fp8 Tensor Cores), this run is on {device.type}")
-    if capability is None:
-        capability = torch.cuda.get_device_capability(device)
-    if tuple(capability) < FP8_MIN_CAPABILITY:
-        return (f"fp8 training skipped: this GPU has compute capability {capability[0]}.{capability[1]}, fp8 "
-                f"matmuls need {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or more (Ada, Hopper, Blackwell)")
-    missing = missing_library("torchao") if torchao_missing == "auto" else torchao_missing
-    if missing:
-        return f"fp8 training skipped: {missing}"
-    return None
-
-
-def fp8_module_filter(module: nn.Module, fqn: str) -> bool:
-    """Which ``nn.Linear`` layers torchao converts to fp8: both dimensions multiples of 16 (what fp8 matmuls
-    accept), and not the LM head (its logits feed the softmax: the usual recipe keeps it in bf16)."""
-    if not isinstance(module, nn.Linear) or "lm_head" in fqn:
-        return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
-
-
-def fp8_summary(bf16: Mapping[str, Any], fp8: Mapping[str, Any]) -> dict[str, Any]:
-    """bf16 against fp8 runs (records of :func:`train_fp8_or_bf16`: ``losses`` and ``timing``): throughputs,
-    their ratio, the largest loss gap over the steps and the last-step gap (relative to bf16)."""
-    if len(bf16["losses"]) != len(fp8["losses"]):
-        raise ValueError("the two runs must have run the same number of steps")
-    gaps = [abs(a - b) for a, b in zip(fp8["losses"], bf16["losses"])]
-    t_bf16, t_fp8 = bf16["timing"]["throughput"], fp8["timing"]["throughput"]
-    return {"bf16_tokens_per_s": t_bf16, "fp8_tokens_per_s": t_fp8, "speedup": t_fp8 / t_bf16,
-            "max_loss_gap": max(gaps), "last_loss_gap": gaps[-1],
-            "last_loss_gap_rel": gaps[-1] / max(abs(bf16["losses"][-1]), 1e-12), "steps": len(gaps),
-            "converted_linears": fp8.get("converted_linears")}
-
-
-def train_fp8_or_bf16(cfg, *, fp8: bool, steps: int, batch: int, seq_len: int, device: torch.device | str = "cuda",
-                      seed: int = 0, lr: float = 3e-4, warmup: int = 3, compile: bool = True) -> dict[str, Any]:
-    """CUDA only: train the dlo Llama ``cfg`` for ``steps`` steps in bf16 (weights bf16), with the linear
-    layers of :func:`fp8_module_filter` converted to torchao's ``Float8Linear`` when ``fp8`` (tensorwise
-    scaling; the matmuls run in fp8, the rest in bf16). Same seed, same data in both. Returns ``losses``,
-    ``timing`` (a Measurement record, tokens/s) and ``converted_linears``."""
-    device = torch.device(device)
-    reason = fp8_skip_reason(device) if fp8 else (None if device.type == "cuda" else "bf16 baseline: needs a GPU")
-    if reason:
-        raise RuntimeError(reason)
-    model = Llama(cfg, seed=seed).to(device=device, dtype=torch.bfloat16)
-    converted = 0
-    if fp8:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-        convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=fp8_module_filter)
-        converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-    if compile:  # fp8 pays off only compiled: the scaling and casting kernels fuse
-        model = torch.compile(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    meter = StepMeter(device, tokens_per_step=batch * seq_len, warmup=warmup)
-    meter.start()
-    for step in range(steps):
-        ids, labels = token_batch(batch, seq_len, cfg.vocab_size, seed=seed, step=step)
-        loss = lm_loss(model(ids.to(device)), labels.to(device))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        meter.step(loss)
-    out = meter.record("fp8" if fp8 else "bf16")
-    return {"precision": "fp8" if fp8 else "bf16", "losses": out["losses"], "timing": out["timing"],
-            "peak_memory_bytes": out["peak_memory_bytes"], "converted_linears": converted,
-            "gpu": torch.cuda.get_device_name(device)}
-
-
 def resolved_config(api: str, strategy: str, model: nn.Module, handle: Any = None) -> dict[str, Any]:
     """What the API actually set up, read from the objects it returned (not from what was asked):
     the wrapper class, whether the parameters are sharded, and for Accelerate its ``distributed_type`` and
@@ -592,3 +380,10 @@ def resolved_config(api: str, strategy: str, model: nn.Module, handle: Any = Non
 def dump(record: Mapping[str, Any]) -> str:
     """A record as one JSON line (for printing a resolved config)."""
     return json.dumps(record, default=str)
+
+
+# The launcher and the fp8 helpers live in their own modules; imported here, after everything they use is defined,
+# so that ``dlo.lessons.apis`` keeps offering the whole lesson under one name.
+from dlo.lessons.apis_launch import launch_accelerate  # noqa: E402
+from dlo.lessons.apis_fp8 import (FP8_MIN_CAPABILITY, fp8_module_filter, fp8_skip_reason, fp8_summary,  # noqa: E402
+                                  train_fp8_or_bf16)
