@@ -21,13 +21,14 @@ process and against PyTorch's own implementation.
 """
 
 from .dp_events import (
-    Timeline, agreed_timer, comm_gantt, elapsed_s, exposed_comm_s, new_marker, record_collectives,
+    Timeline, agreed_timer, comm_gantt, comm_window_s, elapsed_s, exposed_comm_s, new_marker, record_collectives,
 )
 
 __all__ = [
     "Timeline",
     "agreed_timer",
     "comm_gantt",
+    "comm_window_s",
     "elapsed_s",
     "exposed_comm_s",
     "new_marker",

@@ -256,14 +256,38 @@ def agreed_timer(device: torch.device | str | None = None, group: Any = None) ->
 # ----------------------------------------------------------------------------------------------------
 # Reading several ranks' events
 # ----------------------------------------------------------------------------------------------------
+def comm_window_s(events: Sequence[dict], backward: str = "backward") -> dict[str, float]:
+    """One step's communication, split into what backward hid and what it left exposed, in seconds.
+
+    ``comm_s`` is the communication window, from the first all-reduce's launch to the last one's completion;
+    ``hidden_s`` the part of it inside the backward span (the computation went on meanwhile); ``exposed_s`` the
+    part after backward ended, which the step waits for. Each lies in ``[0, comm_s]`` whatever the order of the
+    events: all-reduces that start after backward ends (naive) hide nothing and expose only their own window, not
+    the time before their launch; all-reduces that end inside backward expose nothing. Without a recorded backward
+    span nothing is counted as hidden or exposed."""
+    comms = [(e["start_s"], e["end_s"]) for e in events if e["lane"] == "comm" and e["end_s"] is not None]
+    bwd = [(e["start_s"], e["end_s"]) for e in events
+           if e["lane"] == "compute" and e["name"] == backward and e["end_s"] is not None]
+    if not comms:
+        return {"comm_s": 0.0, "hidden_s": 0.0, "exposed_s": 0.0}
+    first, last = min(s for s, _ in comms), max(e for _, e in comms)
+    total = max(0.0, last - first)
+    if not bwd:
+        return {"comm_s": total, "hidden_s": 0.0, "exposed_s": 0.0}
+    b_start, b_end = max(bwd, key=lambda span: span[1])  # the step's (last) backward
+
+    def within(x: float) -> float:
+        return min(max(0.0, x), total)
+
+    return {"comm_s": total, "hidden_s": within(min(last, b_end) - max(first, b_start)),
+            "exposed_s": within(last - max(first, b_end))}
+
+
 def exposed_comm_s(events: Sequence[dict], backward: str = "backward") -> float:
-    """Communication time not hidden behind ``backward``: from the end of the backward span to the completion
-    of the last all-reduce of the same step (0 when every all-reduce finished during backward)."""
-    ends = [e["end_s"] for e in events if e["lane"] == "comm" and e["end_s"] is not None]
-    bwd = [e["end_s"] for e in events if e["lane"] == "compute" and e["name"] == backward]
-    if not ends or not bwd:
-        return 0.0
-    return max(0.0, max(ends) - max(bwd))
+    """Communication time not hidden behind ``backward``: from the end of the backward span (or the first
+    all-reduce's launch, when it comes later) to the completion of the last all-reduce of the same step; 0 when
+    every all-reduce finished during backward, never more than the communication window (:func:`comm_window_s`)."""
+    return comm_window_s(events, backward)["exposed_s"]
 
 
 _COLORS = {"forward": "#4c72b0", "backward": "#55a868", "wait": "#c44e52", "optimizer": "#8172b2",
@@ -314,4 +338,4 @@ def comm_gantt(per_rank: Sequence[Sequence[dict]], *, title: str = "", ax=None, 
     return fig
 
 
-__all__ = ["new_marker", "elapsed_s", "Timeline", "record_collectives", "agreed_timer", "exposed_comm_s", "comm_gantt"]
+__all__ = ["new_marker", "elapsed_s", "Timeline", "record_collectives", "agreed_timer", "comm_window_s", "exposed_comm_s", "comm_gantt"]
