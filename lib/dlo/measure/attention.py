@@ -18,6 +18,7 @@ and head; the backward recomputes the scores block by block. Its memory grows *l
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
@@ -185,3 +186,41 @@ def growth(records: Mapping[int, int]) -> dict[int, float]:
     """``{S: bytes}`` → ``{S: bytes(S) / bytes(previous S)}`` for consecutive lengths."""
     seqs = sorted(records)
     return {b: records[b] / records[a] for a, b in zip(seqs, seqs[1:])}
+
+
+@dataclass(frozen=True)
+class SDPACase:
+    """What decides which SDPA backend can run one attention call (the attention exercise's input).
+
+    ``device``: "cpu" or "cuda"; ``dtype``: of q, k and v; ``head_dim``: the last dimension of q, k, v;
+    ``is_causal``: SDPA's causal flag; ``has_mask``: an explicit ``attn_mask`` tensor is passed (boolean or
+    additive); ``dropout_p``: SDPA's dropout probability; ``capability``: the GPU's compute capability
+    ``(major, minor)`` (``torch.cuda.get_device_capability()``: (8, 0) for an A100, (9, 0) for an H100), None on
+    a CPU.
+    """
+    device: str
+    dtype: torch.dtype
+    head_dim: int
+    is_causal: bool = False
+    has_mask: bool = False
+    dropout_p: float = 0.0
+    capability: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"SDPACase: device must be 'cpu' or 'cuda', got {self.device!r}")
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 1:
+            raise ValueError(f"SDPACase: head_dim must be a positive integer, got {self.head_dim!r}")
+        if self.is_causal and self.has_mask:
+            raise ValueError("SDPACase: SDPA takes is_causal or an attn_mask, not both")
+        if not 0.0 <= self.dropout_p < 1.0:
+            raise ValueError(f"SDPACase: dropout_p must be in [0, 1), got {self.dropout_p!r}")
+        if (self.device == "cuda") != (self.capability is not None):
+            raise ValueError("SDPACase: a 'cuda' case needs its compute capability (major, minor), a 'cpu' case none")
+
+    @classmethod
+    def of(cls, q: torch.Tensor, *, is_causal: bool = False, attn_mask: torch.Tensor | None = None,
+           dropout_p: float = 0.0) -> "SDPACase":
+        """The case of an SDPA call on ``q`` (and k, v of the same dtype, device and head_dim)."""
+        cap = torch.cuda.get_device_capability(q.device) if q.device.type == "cuda" else None
+        return cls(q.device.type, q.dtype, int(q.shape[-1]), is_causal, attn_mask is not None, dropout_p, cap)

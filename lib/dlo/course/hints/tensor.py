@@ -75,4 +75,19 @@ HINTS: dict[tuple[str, str], Hint] = {
         "few hundred overflow float32.",
         "torch.logaddexp for the merged lse, torch.exp(lse_part - lse) for the weights, unsqueeze(-1) so that a "
         "[..., seq] weight multiplies a [..., seq, head_dim] output."),
+    # attention kernels
+    ("attention", "backend"): _h(
+        "Given what decides it (device, dtype, head_dim, causal flag or explicit mask, dropout, GPU generation), "
+        "return the SDPA backends that can run the call, in order of preference, and say why each fused kernel "
+        "left out cannot.",
+        "Each fused kernel is a specialised program: it exists only for some devices, dtypes, head sizes and masks, "
+        "and the same condition can differ between its CPU and its CUDA version. MATH is the textbook computation: "
+        "it runs everything, so it is the fallback, never the first choice. Naming the condition that fails is what "
+        "lets you fix the call (a bf16 cast, a head_dim padded to a multiple of 8, is_causal instead of a mask).",
+        shape="Split on the device first. For each fused kernel, go through its rows of the notebook's table and collect "
+        "the conditions this case fails, as sentences; a kernel with none is kept. The answer is the kept kernels in "
+        "the table's order of preference, then MATH, and the collected sentences keyed by kernel.",
+        tools="torch.nn.attention.SDPBackend (FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH); case.device, case.dtype, "
+        "case.head_dim, case.has_mask, case.dropout_p, case.capability (a (major, minor) tuple, compared as a "
+        "tuple); torch.nn.attention.sdpa_kernel(backends, set_priority=True) to apply the answer."),
 }
