@@ -93,7 +93,7 @@ def test_check_failed_renders_as_one_red_line_in_ipython():
     lines = info.value._render_traceback_()  # what IPython shows instead of a traceback
     assert len(lines) == 1 and "\n" not in lines[0]
     assert lines[0].startswith("\x1b[31mNOT YET jour1/device: ") and lines[0].endswith("\x1b[0m")
-    assert "call images.to(...) exactly once" in lines[0] and "hint: dlo hint jour1 device" in lines[0]
+    assert "images were not moved" in lines[0] and "hint: dlo hint jour1 device" in lines[0]
     assert "Traceback" not in lines[0]
 
 

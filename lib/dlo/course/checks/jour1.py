@@ -69,17 +69,24 @@ def _check_to_device(to_device: Callable) -> str:
             self.calls.append((args, kwargs))
             return self
 
-    images, labels = Spy(), Spy()
+    # the spies move nothing, so any device can be asked for: a GPU index other than 0 shows a device chosen
+    # inside the function instead of the one given
+    for device in (torch.device("cuda", 1), torch.device("cpu")):
+        images, labels = Spy(), Spy()
+        out = to_device(images, labels, device)
+        expect(isinstance(out, tuple) and len(out) == 2,
+               f"return the pair (images, labels) as a tuple, got {type(out).__name__}")
+        for name, spy in (("images", images), ("labels", labels)):
+            expect(len(spy.calls) >= 1, f"{name} were not moved: they stay where the loader left them")
+            expect(len(spy.calls) == 1, f"{name} were copied {len(spy.calls)} times: move them exactly once per batch")
+            args, kwargs = spy.calls[0]
+            target = args[0] if args else kwargs.get("device")
+            expect(target is not None and torch.device(target) == device,
+                   f"move {name} to the given device: asked for {device}, they went to {target}")
+            expect(kwargs.get("non_blocking") is True,
+                   f"{name} are copied synchronously (non_blocking not set): the CPU waits for each copy instead of "
+                   "queueing it while the GPU computes")
     device = torch.device("cpu")
-    out = to_device(images, labels, device)
-    expect(isinstance(out, tuple) and len(out) == 2, "return the pair (images, labels)")
-    for name, spy in (("images", images), ("labels", labels)):
-        expect(len(spy.calls) == 1, f"call {name}.to(...) exactly once")
-        args, kwargs = spy.calls[0]
-        target = args[0] if args else kwargs.get("device")
-        expect(target is not None and torch.device(target) == device, f"move {name} to the given device")
-        expect(kwargs.get("non_blocking") is True,
-                f"pass non_blocking=True to {name}.to(): with pinned memory the copy then overlaps GPU work")
     x, y = _batch()
     x2, y2 = to_device(x, y, device)
     expect(torch.equal(x2, x) and torch.equal(y2, y), "the tensors' values must not change")
@@ -176,119 +183,149 @@ def _close(a: float, b: float, rel: float = 0.02) -> bool:
     return abs(a - b) <= rel * abs(b)
 
 
+class _ClipSpyScaler(torch.amp.GradScaler):
+    """A GradScaler that records each call, with the gradient norm at unscale_ and at step (what the optimizer
+    reads: measured there, a correct answer may clear the gradients after the step)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, float]] = []
+        self.unscaled, self.max_abs = False, 0.0  # unscale_ called in this step; largest |gradient| at the step
+
+    @staticmethod
+    def _norm(optimizer) -> float:
+        return _grad_norm([p for g in optimizer.param_groups for p in g["params"]])
+
+    def scale(self, outputs):  # type: ignore[override]
+        self.calls.append(("scale", 0.0))
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):  # type: ignore[override]
+        self.calls.append(("unscale_", self._norm(optimizer)))
+        self.unscaled = True
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
+        # what the optimizer will read: the step unscales the gradients itself when unscale_ was not called
+        divide = 1.0 if self.unscaled else float(self.get_scale())
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        self.max_abs = max((g.detach().abs().max().item() for g in grads), default=0.0) / divide
+        self.calls.append(("step", self._norm(optimizer) / divide))
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):  # type: ignore[override]
+        self.calls.append(("update", 0.0))
+        self.unscaled = False
+        return super().update(new_scale)
+
+
+_CLIP_SCALE, _CLIP_LR = 2.0**12, 0.1
+
+
+def _clip_criterion(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """20 x cross-entropy: the gradient norm (about 11) is above the thresholds a student might hard-code."""
+    return 20.0 * nn.functional.cross_entropy(out, target)
+
+
+def _run_fp16_clip(train_step_fp16_clip: Callable, max_norm: float, images: torch.Tensor,
+                   labels: torch.Tensor) -> dict[str, Any]:
+    """One step of the student's function on a fresh model: the calls, the gradient norms it produced."""
+    torch.manual_seed(0)
+    model = _Recorder()
+    opt = torch.optim.SGD(model.parameters(), lr=_CLIP_LR)
+    before = _snapshot(model)
+    scaler = _ClipSpyScaler("cpu", init_scale=_CLIP_SCALE)
+    try:
+        train_step_fp16_clip(model, images, labels, opt, _clip_criterion, scaler, max_norm)
+    except RuntimeError as exc:  # GradScaler's own refusals, e.g. unscale_ twice
+        if "unscale_() has already been called" in str(exc):
+            raise CheckFailed("the gradients were unscaled twice in one step: GradScaler refused a second unscale "
+                              "before its update (the gradients would be divided by the scale twice)") from None
+        raise
+    names = [c for c, _ in scaler.calls]
+    at_step = [n for c, n in scaler.calls if c == "step"]
+    explicit = [n for c, n in scaler.calls[:names.index("step")] if c == "unscale_"] if "step" in names else \
+        [n for c, n in scaler.calls if c == "unscale_"]
+    return {"model": model, "calls": names, "unscale_norms": explicit, "before": before,
+            "norm": at_step[0] if at_step else _grad_norm(model.parameters()), "scale_after": scaler.get_scale(),
+            "max_abs": scaler.max_abs,
+            "changed": _params_changed(model, before)}
+
+
+def _explain_clip_norm(a: dict, na: float, nb: float, ma: float, mb: float, true_norm: float) -> None:
+    """The gradient norm the optimizer saw is not max_norm: name the mistake (always raises)."""
+    scale = _CLIP_SCALE
+    expect(not (a["max_abs"] <= ma * 1.001 and na > ma * 1.05),
+           f"each gradient value was clipped apart to [-max_norm, max_norm]: their total norm is still {na:.3g}, "
+           f"above max_norm={ma:.3g}; the norm of all gradients together must be scaled down")
+    expect(not _close(na, true_norm),
+           f"the gradients were not clipped: their norm at the step is {na:.3g}, above max_norm={ma:.3g} (clipping "
+           f"the loss, or each value apart, does not bound the norm of all gradients together)")
+    unscaled_at = a["unscale_norms"]  # the gradient norm when the student called unscale_ (before step)
+    if _close(na * scale, ma, 0.05) or _close(na * scale, true_norm, 0.05):  # off by exactly the scale
+        expect(bool(unscaled_at),
+               f"you clipped the gradients while they were still multiplied by the loss scale ({scale:.0f}), or "
+               f"divided them by it by hand: let the scaler unscale them (its own method) before clipping; its "
+               f"step then does not unscale them again")
+        expect(not _close(unscaled_at[0], ma, 0.05),
+               f"you clipped before unscaling: the gradients were still multiplied by the loss scale ({scale:.0f}), "
+               f"so the threshold was max_norm x scale in true units; unscale first, then clip")
+        expect(False,
+               f"the gradients were divided by the loss scale twice (norm {na:.3g}, {scale:.0f}x too small): the "
+               f"scaler's unscale already divided them, and its step does not do it again")
+    expect(not (_close(na, nb) and not _close(na, ma)),
+           f"clip to the max_norm argument: asked for {ma:.3g} then {mb:.3g}, the gradient norm at the step was "
+           f"{na:.3g} both times")
+    expect(False, f"at the step the gradient norm is {na:.3g}, expected max_norm={ma:.3g}: unscale, then clip the "
+                  f"norm of all gradients together")
+
+
 @register("jour1", "fp16_clip", ("train_step_fp16_clip",), J1)
 def _check_fp16_clip(train_step_fp16_clip: Callable) -> str:
-    # A loss scale small enough that the scaled fp16 backward does not overflow on these inputs, and a loss 20x
-    # cross-entropy so that the gradient norm (about 11) is above the thresholds a student might hard-code.
-    scale, lr, k = 2.0**12, 0.1, 20.0
     x, y = _batch()
-
-    def criterion(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return k * nn.functional.cross_entropy(out, target)
-
     torch.manual_seed(0)
     ref = _Recorder()
     with torch.autocast(device_type="cpu", dtype=torch.float16):
-        ref_loss = criterion(ref(x), y)
+        ref_loss = _clip_criterion(ref(x), y)
     ref_loss.backward()  # the true (unscaled) gradients of this step
     true_norm = _grad_norm(ref.parameters())
 
-    def run(max_norm: float, images: torch.Tensor) -> dict[str, Any]:
-        calls: list[tuple[str, float]] = []
-
-        class SpyScaler(torch.amp.GradScaler):
-            """Records each call, and for unscale_ the gradient norm at that moment."""
-
-            def scale(self, outputs):  # type: ignore[override]
-                calls.append(("scale", 0.0))
-                return super().scale(outputs)
-
-            def unscale_(self, optimizer):  # type: ignore[override]
-                params = [p for g in optimizer.param_groups for p in g["params"]]
-                calls.append(("unscale_", _grad_norm(params)))
-                return super().unscale_(optimizer)
-
-            def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
-                calls.append(("step", 0.0))
-                return super().step(optimizer, *args, **kwargs)
-
-            def update(self, new_scale=None):  # type: ignore[override]
-                calls.append(("update", 0.0))
-                return super().update(new_scale)
-
-        torch.manual_seed(0)
-        model = _Recorder()
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        before = _snapshot(model)
-        scaler = SpyScaler("cpu", init_scale=scale)
-        try:
-            train_step_fp16_clip(model, images, y, opt, criterion, scaler, max_norm)
-        except RuntimeError as exc:  # GradScaler's own refusals, e.g. unscale_ twice
-            if "unscale_() has already been called" in str(exc):
-                raise CheckFailed("call scaler.unscale_(optimizer) once per step: GradScaler refused a second call "
-                                  "before scaler.update() (the gradients would be divided by the scale twice)") from None
-            raise
-        names = [c for c, _ in calls]
-        explicit = [n for c, n in calls[:names.index("step")] if c == "unscale_"] if "step" in names else \
-            [n for c, n in calls if c == "unscale_"]
-        return {"model": model, "calls": names, "unscale_norms": explicit, "before": before,
-                "norm": _grad_norm(model.parameters()), "scale_after": scaler.get_scale(),
-                "changed": _params_changed(model, before)}
-
-    a = run(true_norm / 4, x)
-    expect(bool(a["model"].seen) and a["model"].seen[-1]["autocast"] and a["model"].seen[-1]["dtype"] == torch.float16,
-           "run the forward pass inside torch.autocast(..., dtype=torch.float16)")
-    calls = a["calls"]
-    expect(calls[:1] == ["scale"], "call scaler.scale(loss).backward(), not loss.backward()")
-    expect("step" in calls,
-           "do the step with scaler.step(optimizer), not optimizer.step(): it skips the step when the gradients "
-           "overflowed (and does not unscale them again after your unscale_)")
-    expect("update" in calls and calls.index("step") < calls.index("update"),
-           "call scaler.update() after scaler.step(optimizer): it adapts the scale for the next step")
-    b = run(true_norm * 0.4, x)
-    na, nb = a["norm"], b["norm"]
+    # phase 1: the order of the scaler's calls
     ma, mb = true_norm / 4, true_norm * 0.4
-    if _close(na, ma) and _close(nb, mb):
-        unscaled_at = a["unscale_norms"]
-        expect(not unscaled_at or _close(unscaled_at[0], true_norm * scale),
-               "call scaler.unscale_(optimizer) right after backward, before anything else touches the gradients")
-    else:
-        expect(not _close(na, true_norm),
-               f"the gradients were not clipped: their norm after the step is {na:.3g}, above max_norm={ma:.3g}; clip "
-               f"them with torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm) (clipping the loss does not "
-               f"bound the gradients)")
-        unscaled_at = a["unscale_norms"]  # the gradient norm when the student called unscale_ (before step)
-        if _close(na * scale, ma, 0.05) or _close(na * scale, true_norm, 0.05):  # off by exactly the scale
-            expect(bool(unscaled_at),
-                   f"you clipped the gradients while they were still multiplied by the loss scale ({scale:.0f}), or "
-                   f"divided them by it twice: call scaler.unscale_(optimizer) (not a division of your own) before "
-                   f"clip_grad_norm_; scaler.step then does not unscale them again")
-            expect(not _close(unscaled_at[0], ma, 0.05),
-                   f"you clipped before scaler.unscale_(optimizer): the gradients were still multiplied by the loss "
-                   f"scale ({scale:.0f}), so the threshold was max_norm x scale in true units; unscale first, then clip")
-            expect(False,
-                   f"the gradients were divided by the loss scale twice (norm {na:.3g}, {scale:.0f}x too small): "
-                   f"scaler.unscale_ already divided them, and scaler.step does not do it again after unscale_")
-        expect(not (_close(na, nb) and not _close(na, ma)),
-               f"clip to the max_norm argument: asked for {ma:.3g} then {mb:.3g}, the gradient norm after the step "
-               f"was {na:.3g} both times")
-        expect(False, f"after the step the gradient norm is {na:.3g}, expected max_norm={ma:.3g}: unscale, then clip "
-                      f"the norm of all gradients together with torch.nn.utils.clip_grad_norm_(model.parameters(), "
-                      f"max_norm)")
-    # the update used the clipped gradients: SGD moves each parameter by lr x its gradient
+    a = _run_fp16_clip(train_step_fp16_clip, ma, x, y)
+    seen = a["model"].seen
+    expect(bool(seen) and seen[-1]["autocast"] and seen[-1]["dtype"] == torch.float16,
+           "the forward pass did not run under fp16 autocast")
+    calls = a["calls"]
+    expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow; go "
+                                   "through the scaler's scale first")
+    expect("step" in calls,
+           "the optimizer stepped without the scaler: it would not skip a step whose gradients overflowed (and the "
+           "scaler must know that you already unscaled them)")
+    expect("update" in calls and calls.index("step") < calls.index("update"),
+           "the scaler's update never came after its step: the scale would never adapt for the next step")
+    # phase 2: the norm the optimizer saw, for two thresholds
+    b = _run_fp16_clip(train_step_fp16_clip, mb, x, y)
+    na, nb = a["norm"], b["norm"]
+    if not (_close(na, ma) and _close(nb, mb)):
+        _explain_clip_norm(a, na, nb, ma, mb, true_norm)
+    expect(not a["unscale_norms"] or _close(a["unscale_norms"][0], true_norm * _CLIP_SCALE),
+           "the gradients were changed before the scaler unscaled them: unscale right after backward, before "
+           "anything else touches the gradients")
+    # phase 3: the update used the clipped gradients: SGD moves each parameter by lr x its gradient
     delta = torch.cat([(p.detach() - a["before"][n]).flatten() for n, p in a["model"].named_parameters()])
-    expect(_close(delta.norm().item(), lr * ma, 0.05),
-           f"the update has norm {delta.norm().item():.3g}, expected lr x max_norm = {lr * ma:.3g}: step once, after "
-           f"clipping")
-    # an overflowing step (an inf in the input) is skipped, and the scale lowered for the next one
+    expect(_close(delta.norm().item(), _CLIP_LR * ma, 0.05),
+           f"the update has norm {delta.norm().item():.3g}, expected lr x max_norm = {_CLIP_LR * ma:.3g}: step once, "
+           f"after clipping")
+    # phase 4: an overflowing step (an inf in the input) is skipped, and the scale lowered for the next one
     bad = x.clone()
     bad[0, 0, 0, 0] = float("inf")
-    c = run(true_norm / 4, bad)
+    c = _run_fp16_clip(train_step_fp16_clip, ma, bad, y)
     expect(not c["changed"],
-           "the step was not skipped although the gradients overflowed (inf/NaN): let scaler.step(optimizer) do it")
-    expect(c["scale_after"] < scale,
-           f"after an overflow scaler.update() must lower the scale (it stayed {c['scale_after']:.0f}): call it "
-           f"after scaler.step(optimizer)")
+           "the step was not skipped although the gradients overflowed (inf/NaN): the scaler's step must decide")
+    expect(c["scale_after"] < _CLIP_SCALE,
+           f"after an overflow the scale must be lowered (it stayed {c['scale_after']:.0f}): the scaler's update must "
+           f"run after its step")
     return (f"unscale_ before clipping: the gradients are clipped to max_norm in true units (norm {na:.3g} asked "
             f"{ma:.3g}), the update uses them, and an overflowing step is skipped with the scale lowered")
 
@@ -319,7 +356,9 @@ def _check_cudnn(enable_cudnn_benchmark: Callable) -> str:
     try:
         torch.backends.cudnn.benchmark = False
         enable_cudnn_benchmark()
-        expect(torch.backends.cudnn.benchmark is True, "set torch.backends.cudnn.benchmark = True")
+        expect(torch.backends.cudnn.benchmark is True,
+               "after your function cuDNN's benchmark flag is still off: the autotuner never runs (a flag set only "
+               "inside a block, or a neighbouring setting, does not stay on)")
     finally:
         torch.backends.cudnn.benchmark = old
     return "cuDNN will time its convolution algorithms on the first call of each shape and keep the fastest"
@@ -329,9 +368,22 @@ def _check_cudnn(enable_cudnn_benchmark: Callable) -> str:
 def _check_compile(compile_model: Callable) -> str:
     model = _Recorder()
     compiled = compile_model(model)
-    expect(isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule),
-            "return torch.compile(model) (an OptimizedModule wrapping the model)")
-    expect(getattr(compiled, "_orig_mod", None) is model, "compile the model you were given")
+    expect(compiled is not None, "your function returned None: return the compiled model")
+    in_place = compiled is model and getattr(model, "_compiled_call_impl", None) is not None  # Module.compile()
+    expect(not isinstance(compiled, torch.jit.ScriptModule),
+           "this is TorchScript (torch.jit), not torch.compile: TorchScript does not fuse operations with Inductor")
+    expect(in_place or isinstance(compiled, nn.Module),
+           f"what you returned is a {type(compiled).__name__}, not the model: compile the module itself (it keeps "
+           "its parameters, .train() and .eval())")
+    expect(in_place or isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule),
+           "the model you returned is not compiled: nothing will be fused")
+    expect(in_place or getattr(compiled, "_orig_mod", None) is model,
+           "you compiled another module than the one given (a copy?): the model being trained would stay eager")
+    # the backend: only Inductor generates fused kernels ('eager' and 'aot_eager' trace and run the same kernels)
+    ctx = getattr(compiled if not in_place else None, "dynamo_ctx", None)
+    expect(ctx is None or not hasattr(ctx, "compiler_config") or ctx.compiler_config is not None,
+           "the backend you chose only traces the model (e.g. backend='eager'): it generates no fused kernel; keep "
+           "the default backend")
     return "torch.compile wraps the model; compilation happens lazily at the first call"
 
 
@@ -343,9 +395,14 @@ def _check_batch_sweep(largest_batch: Callable) -> str:
         tried.append(bs)
         if bs > 64:
             raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for batch {bs})")
-        return {"batch_size": bs, "throughput": float(bs)}
+        return {"batch_size": bs, "throughput": {16: 100.0, 32: 180.0, 64: 150.0}.get(bs, 1.0)}  # peaks at 32
 
     best, results = largest_batch(try_batch, [16, 32, 64, 128, 256])
+    expect(not tried or tried[0] == 16,
+           f"try the batch sizes in the order given, from the smallest (you tried {tried}): the sweep stops at the "
+           "first one that does not fit")
+    expect(best != 32, "you reported the batch with the best throughput (32), not the largest batch that fits (64): "
+                       "throughput can drop before memory runs out")
     expect(best == 64, f"the largest batch that fits is 64 here, got {best!r}")
     expect(tried == [16, 32, 64, 128], f"stop at the first out-of-memory error (tried {tried})")
     expect(isinstance(results, list) and [r["batch_size"] for r in results] == [16, 32, 64],
@@ -409,6 +466,10 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
     with torch.no_grad():
         expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
     per_batch = sum((model(x).argmax(1) == y).float().mean().item() for x, y in data) / len(data)
+    correct = expected * sum(len(y) for _, y in data)
+    expect(not (isinstance(acc, float) and abs(acc - correct / (len(data) * len(data[0][1]))) < 1e-9),
+           f"you divided by the number of batches times the first batch's size: the last batches are smaller; "
+           f"divide the correct predictions by the number of images ({expected:.3f})")
     expect(not (isinstance(acc, float) and abs(acc - per_batch) < 1e-9 and abs(per_batch - expected) > 1e-9),
            f"you averaged the batches' accuracies ({per_batch:.3f}): with batches of different sizes count the "
            f"correct predictions and divide by the number of images ({expected:.3f})")

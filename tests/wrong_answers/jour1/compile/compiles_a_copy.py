@@ -1,7 +1,7 @@
 """Compiles a deep copy: training the copy leaves the notebook's model untouched."""
 import torch
 
-EXPECT = 'compile the model you were given'
+EXPECT = 'another module'
 
 
 import copy

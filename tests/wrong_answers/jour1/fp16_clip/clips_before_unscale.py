@@ -1,7 +1,7 @@
 """Clips first, then calls scaler.unscale_: the clipping saw gradients still multiplied by the loss scale."""
 import torch
 
-EXPECT = 'before scaler.unscale_'
+EXPECT = 'before unscaling'
 
 
 def train_step_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):

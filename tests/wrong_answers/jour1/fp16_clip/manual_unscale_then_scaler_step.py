@@ -1,7 +1,7 @@
 """Divides the gradients by the scale by hand instead of scaler.unscale_: scaler.step then unscales them again."""
 import torch
 
-EXPECT = 'divided them by it twice'
+EXPECT = 'divided them by it by hand'
 
 
 def train_step_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):

@@ -1,7 +1,7 @@
 """Clips without scaler.unscale_: scaler.step unscales only after the (scaled) gradients were clipped."""
 import torch
 
-EXPECT = 'scaler.unscale_(optimizer) (not a division of your own) before'
+EXPECT = 'still multiplied by the loss scale'
 
 
 def train_step_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):

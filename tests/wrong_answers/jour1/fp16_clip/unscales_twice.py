@@ -1,7 +1,7 @@
 """Calls scaler.unscale_ before clipping and again after it, "to be sure"."""
 import torch
 
-EXPECT = 'once per step'
+EXPECT = 'unscaled twice'
 
 
 def train_step_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):
