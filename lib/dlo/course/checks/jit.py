@@ -6,7 +6,8 @@ Dynamo captures the graphs and nothing is compiled to machine code.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -79,6 +80,27 @@ def _op_names(gm: torch.fx.GraphModule) -> list[str]:
             if n.op in ("call_function", "call_method", "call_module")]
 
 
+@contextlib.contextmanager
+def _watched_compile(backend: Callable) -> Iterator[list[dict]]:
+    """Record every ``torch.compile`` call made inside; a call without the checker's backend fails at once (it
+    would compile to machine code with the default backend, which takes tens of seconds and checks nothing)."""
+    real = torch.compile
+    calls: list[dict] = []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if kwargs.get("backend") is not backend:
+            raise CheckFailed("torch.compile was called without the options the caller gave: pass "
+                                  "compile_kwargs on to it (the checker gives its own backend there)")
+        return real(*args, **kwargs)
+
+    torch.compile = watched
+    try:
+        yield calls
+    finally:
+        torch.compile = real
+
+
 @register("jit", "compiled_step", ("make_compiled_step",), JIT_NB)
 def _check_compiled_step(make_compiled_step: Callable) -> str:
     g = torch.Generator().manual_seed(1)
@@ -101,12 +123,17 @@ def _check_compiled_step(make_compiled_step: Callable) -> str:
         return gm.forward  # run the captured graph as is: checks the capture, costs no compilation
 
     model, opt = _tiny_run()
-    step = make_compiled_step(model, opt, loss_fn, backend=recording_backend)
-    expect(callable(step), "return the compiled step: torch.compile(step, **compile_kwargs)")
-    with captured_warnings():  # Dynamo's notes while tracing the optimizer (e.g. record_function ignored)
-        losses = [step(x, y) for _ in range(2)]
-    expect(bool(graphs), "nothing went through torch.compile: return torch.compile(step, **compile_kwargs) "
-                          "(pass compile_kwargs on: the checker gives its own backend)")
+    with _watched_compile(recording_backend) as calls:
+        step = make_compiled_step(model, opt, loss_fn, backend=recording_backend)
+        made = len(calls)
+        expect(callable(step), "return the compiled step, a function of (images, labels)")
+        with captured_warnings():  # Dynamo's notes while tracing the optimizer (e.g. record_function ignored)
+            losses = [step(x, y) for _ in range(2)]
+    expect(len(calls) == made, f"torch.compile was called {len(calls) - made} time(s) while the step ran: compile "
+                               "once, when the step is made, and return the compiled function (a new compiled "
+                               "function per call recompiles every step)")
+    expect(bool(graphs), "nothing went through torch.compile: the step you return must be the compiled "
+                          "function (and pass compile_kwargs on: the checker gives its own backend)")
     ops = [name for gm in graphs for name in _op_names(gm)]
     expect(any("linear" in o for o in ops), "the model's forward pass must run inside the compiled function")
     expect(any("cross_entropy" in o or "nll_loss" in o for o in ops),
@@ -115,7 +142,8 @@ def _check_compiled_step(make_compiled_step: Callable) -> str:
             "call optimizer.step() inside the compiled function (no parameter update was captured)")
     for i, (got, ref) in enumerate(zip(losses, ref_losses), 1):
         expect(isinstance(got, torch.Tensor) and got.ndim == 0, f"step {i}: return the loss as a 0-d tensor (no .item())")
-        expect(not got.requires_grad, f"step {i}: return loss.detach() (the caller must not keep the autograd graph)")
+        expect(not got.requires_grad, f"step {i}: the returned loss still requires grad: detach it (the caller "
+                                     "must not keep the autograd graph)")
         expect(abs(got.item() - ref.item()) < 1e-5,
                 f"step {i}: loss {got.item():.6f}, eager gives {ref.item():.6f} -- forward, loss, "
                 "zero_grad, backward, optimizer.step, in that order")

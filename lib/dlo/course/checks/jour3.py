@@ -26,8 +26,13 @@ def _check_warmup(warmup_cosine_lr: Callable) -> str:
         for step in sorted({0, 1, warmup - 1, warmup, warmup + 1, total // 2, total - 1}):
             got = warmup_cosine_lr(step, total, warmup, base)
             want = expected(step, total, warmup, base)
-            expect(isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want)),
-                    f"step {step} of {total} (warm-up {warmup}, base {base}): expected {want:.6g}, got {got!r}")
+            ok = isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))
+            why = ""
+            if not ok and step >= warmup and isinstance(got, (int, float)):
+                linear = base * (1 - (step - warmup) / (total - warmup))
+                why = " -- that is a linear decay after the warm-up: the rate follows half a cosine" \
+                    if abs(got - linear) <= 1e-9 * max(1.0, abs(linear)) else ""
+            expect(ok, f"step {step} of {total} (warm-up {warmup}, base {base}): expected {want:.6g}, got {got!r}{why}")
     return "linear warm-up to the base rate, then a cosine down to 0"
 
 
@@ -70,11 +75,30 @@ def _check_lion(lion_update: Callable) -> str:
                 why = f": the weight decay is missing (weight_decay={wd}): multiply p by (1 - lr * weight_decay)"
             raise CheckFailed(f"weights differ from dlo.training.optim.Lion (lr={lr}, betas=({beta1}, {beta2}), "
                               f"weight_decay={wd}){why or ': p * (1 - lr * wd) - lr * sign(beta1 * m + (1 - beta1) * g)'}")
-        if not torch.allclose(new_m, opt.state[ref]["exp_avg"], atol=1e-7):
+        if not torch.allclose(new_m, opt.state[ref]["exp_avg"], rtol=1e-5, atol=1e-6):  # lerp rounds otherwise
             why = (" (you used beta1: the momentum uses beta2)"
                    if torch.allclose(new_m, beta1 * m0 + (1 - beta1) * grad, atol=1e-7) else "")
             raise CheckFailed(f"momentum differs: beta2 * m + (1 - beta2) * g{why}")
     return "same weights and momentum as dlo.training.optim.Lion (two sets of hyper-parameters, with and without weight decay)"
+
+
+def _returned_loss_mistake(total: float, micro: list[tuple[int, float]], n: int) -> str:
+    """What a wrong returned loss is, from the micro-batches' (size, mean loss), in words."""
+    means = [m for _, m in micro]
+    for value, why in ((sum(means), "the sum of the micro-batches' mean losses"),
+                       (sum(means) / len(means), "the plain mean of the micro-batches' mean losses (they differ in "
+                                                 "size: weight each by its share of the batch)"),
+                       (means[-1], "the last micro-batch's loss only"),
+                       (means[-1] * micro[-1][0] / n, "the last micro-batch's weighted loss only")):
+        if abs(total - value) < 1e-5:
+            return f": that is {why}"
+    return ""
+
+
+def _micro_batch_sizes(model: nn.Module) -> tuple[list[int], Callable[[], None]]:
+    sizes: list[int] = []
+    handle = model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))
+    return sizes, handle.remove
 
 
 @register("optimizers", "accumulate", ("accumulated_backward",), OPTIM_NB)
@@ -87,9 +111,17 @@ def _check_accumulate(accumulated_backward: Callable) -> str:
     criterion(model(x), y).backward()
     big = [p.grad.clone() for p in model.parameters()]
     for k in (3, 4):  # 4 does not divide 30: the micro-batches have different sizes
+        want_sizes = [len(c) for c in x.chunk(k)]
         model.zero_grad(set_to_none=True)
-        total = accumulated_backward(model, criterion, x, y, k)
+        sizes, remove = _micro_batch_sizes(model)
+        try:
+            total = accumulated_backward(model, criterion, x, y, k)
+        finally:
+            remove()
         expect(all(p.grad is not None for p in model.parameters()), "call backward() on every micro-batch's loss")
+        expect(sorted(sizes) == sorted(want_sizes),
+               f"k={k}: the model ran on batches of {sizes} images, expected k={k} micro-batches of {want_sizes} "
+               f"(the {len(x)} images in k pieces): only one micro-batch's activations may be alive at a time")
         for p, ref in zip(model.parameters(), big):
             if not torch.allclose(p.grad, ref, atol=1e-6):
                 ratio = (p.grad.norm() / ref.norm()).item()
@@ -97,9 +129,13 @@ def _check_accumulate(accumulated_backward: Callable) -> str:
                                   "micro-batch's loss by len(micro_batch) / len(images)")
         with torch.no_grad():
             full = criterion(model(x), y).item()
-        expect(isinstance(total, float) and abs(total - full) < 1e-5,
-                f"return the total loss as a float ({full:.4f} here), got {total!r}")
-    return "k micro-batches give the big batch's gradient (weighted by their size), no optimizer step"
+            micro = [(len(a), criterion(model(a), b).item()) for a, b in zip(x.chunk(k), y.chunk(k))]
+        expect(isinstance(total, float),
+               f"k={k}: return the whole batch's mean loss as a Python float, got {type(total).__name__}"
+               + (" (a tensor keeps the graph alive: .item())" if isinstance(total, torch.Tensor) else ""))
+        expect(abs(total - full) < 1e-5, f"k={k}: the returned loss is {total:.4f}, the whole batch's mean loss is "
+                                         f"{full:.4f}{_returned_loss_mistake(total, micro, len(x))}")
+    return "k micro-batches give the big batch's gradient and mean loss (weighted by their size), no optimizer step"
 
 
 # --------------------------------------------------------------------------------------------------

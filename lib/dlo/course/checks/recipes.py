@@ -27,6 +27,8 @@ def _check_resize(resolution_at: Callable) -> str:
             largest = max(size for start, size in schedule if start <= epoch)
             why = (" -- that is the largest size started so far: the schedule may go down, take the LAST started pair"
                    if got == largest != want else "")
+            if not why and got == reference(schedule, epoch + 1) != want:
+                why = " -- that is the next epoch's size: epochs count from 0 (a pair applies from its start epoch on)"
             expect(got == want, f"schedule {schedule}, epoch {epoch}: expected {want} (the size of the last "
                                  f"(start, size) with start <= epoch), got {got!r}{why}")
     return "the size of the last (start, size) pair with start <= epoch, for every epoch"
@@ -40,6 +42,28 @@ class _Small(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.bn(self.lin(x))
+
+
+def _check_ema_low_precision(ema_update: Callable) -> None:
+    """A bfloat16 model, a float32 average, decay 0.999: (1 - decay) * (weights - average) is far below bf16's
+    resolution near 1, so an average rounded to the model's dtype never moves."""
+    g = torch.Generator().manual_seed(3)
+    start = 1 + 0.01 * torch.randn(16, generator=g)
+    mine, want = [start.clone()], start.clone()
+    for _ in range(5):
+        current = (start + 0.2 + 0.05 * torch.randn(16, generator=g)).to(torch.bfloat16)
+        want = 0.999 * want + 0.001 * current.float()
+        out = ema_update(mine, [current], 0.999)
+        expect(isinstance(out, (list, tuple)) and len(out) == 1 and isinstance(out[0], torch.Tensor),
+               "return a list with one tensor per weight / buffer")
+        expect(out[0].dtype == torch.float32,
+               f"with a bfloat16 model your average comes back in {out[0].dtype}: keep it in its own dtype "
+               "(float32): rounded to bfloat16, updates of (1 - decay) * (weights - average) fall below its "
+               "resolution and the average stops moving")
+        mine = [out[0].detach().clone()]
+    expect(torch.allclose(mine[0], want, atol=1e-6),
+           f"with a bfloat16 model and a float32 average (decay 0.999), the average differs from the float32 EMA "
+           f"by up to {(mine[0] - want).abs().max().item():.3g}")
 
 
 @register("recipes", "ema", ("ema_update",), RECIPES_NB)
@@ -79,7 +103,9 @@ def _check_ema(ema_update: Callable) -> str:
         if wrong:
             raise CheckFailed(f"decay={decay}: your EMA differs from AveragedModel's: "
                               "new = decay * ema + (1 - decay) * weights (decay multiplies the average)")
-    return "same averages as torch.optim.swa_utils.AveragedModel (weights and BatchNorm buffers), 3 updates"
+    _check_ema_low_precision(ema_update)
+    return ("same averages as torch.optim.swa_utils.AveragedModel (weights and BatchNorm buffers), 3 updates; a "
+            "float32 average of a bfloat16 model keeps moving")
 
 
 class _Asym(nn.Module):

@@ -30,6 +30,7 @@ def _check_head(replace_head: Callable, freeze_backbone: Callable) -> str:
     expect(model.fc.in_features == old_fc.in_features,
             f"the new head takes the backbone's {old_fc.in_features} features (model.fc.in_features)")
     expect(model.fc.out_features == 4, f"the new head must output n_classes = 4 logits, got {model.fc.out_features}")
+    expect(model.fc.bias is not None, "the new head has no bias: the pretrained head had one (a bias per class)")
     expect(all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if n in before),
             "only the head changes: the backbone keeps its pretrained weights")
     expect(model(torch.randn(2, 3, 32, 32)).shape == (2, 4), "the model must now output [batch, 4]")
@@ -38,9 +39,11 @@ def _check_head(replace_head: Callable, freeze_backbone: Callable) -> str:
     out = freeze_backbone(model)
     expect(out is model, "freeze_backbone: return the model you were given")
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad)
+    backbone = [n for n in trainable if not n.startswith("fc.")]
     expect(trainable == ["fc.bias", "fc.weight"],
-            f"only the head (fc.weight, fc.bias) must stay trainable, got {trainable[:4]}"
-            f"{' ...' if len(trainable) > 4 else ''} (set requires_grad=False on the others)")
+            f"only the head (fc.weight, fc.bias) must stay trainable, got {(backbone or trainable)[:4]}"
+            f"{' ...' if len(backbone or trainable) > 4 else ''} trainable too (requires_grad must be False on "
+            "every backbone parameter, BatchNorm's included; eval mode does not freeze anything)")
     x = torch.randn(2, 3, 32, 32)
     model(x).sum().backward()
     expect(model.conv1.weight.grad is None and model.fc.weight.grad is not None,
@@ -59,6 +62,9 @@ def _check_groups(finetune_param_groups: Callable) -> str:
     by_id = {}
     for g in groups:
         expect("params" in g and "lr" in g, "each group is a dict with 'params' and 'lr'")
+        expect(isinstance(g["params"], (list, tuple)),
+               f"give each group's 'params' as a list, got a {type(g['params']).__name__}: a generator is used up by "
+               "the first pass over it (the optimizer's), and the group is empty for anything that reads it again")
         for p in g["params"]:
             expect(id(p) not in by_id, "a parameter must appear in one group only")
             by_id[id(p)] = g["lr"]

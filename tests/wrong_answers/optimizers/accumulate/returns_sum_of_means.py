@@ -1,7 +1,7 @@
 """Scales the gradients right but returns the sum of the unweighted losses."""
 import torch
 
-EXPECT = 'total loss'
+EXPECT = "sum of the micro-batches' mean losses"
 
 
 def accumulated_backward(model, criterion, images, labels, k):

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "requires_grad=False"
+EXPECT = "requires_grad must be False"
 
 
 def replace_head(model, n_classes):
