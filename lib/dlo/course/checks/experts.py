@@ -51,12 +51,13 @@ def _candidates(probs: torch.Tensor, index: torch.Tensor, e: int) -> list[tuple[
     first = torch.zeros(e, dtype=torch.float64).index_add_(0, index[:, 0], torch.ones(n, dtype=torch.float64))
     want = e * (counts / (n * k) * p.mean(0)).sum()
     out = [
-        (want / e, "the factor E (num_experts) is missing: the loss is E · Σ f_e · P_e, 1 when the routing is uniform"),
+        (want / e, "the loss is not scaled by the number of experts (the factor E): uniform routing must give 1, "
+                   "whatever E"),
         (e * (first / n * p.mean(0)).sum(),
          "f counts only the first choice (expert_index[:, 0]): count all k choices of every token, over n · k decisions"),
         (e * (p.mean(0) ** 2).sum(),
-         "f is computed from the router probabilities: f_e is the fraction of the routing decisions (expert_index) "
-         "that chose e, P_e the mean probability"),
+         "f is computed from the router probabilities, not counts: f_e is the fraction of the routing decisions "
+         "(expert_index) that chose e; the probabilities enter through P only"),
         (e * (counts * p.mean(0)).sum(),
          "f holds raw counts: divide the number of decisions that chose e by the number of decisions, n · k"),
         (e * (counts / (n * k) * p.sum(0)).sum(),
@@ -94,17 +95,37 @@ def _call(fn: Callable, probs: torch.Tensor, index: torch.Tensor, e: int, where:
         used = sorted(set(index.reshape(-1).tolist()))
         if len(used) < e and "size" in first:
             raise CheckFailed(f"{where}: it raised {type(exc).__name__} ({first[:120]}) when expert {e - 1} got no "
-                              "decision: count with torch.bincount(..., minlength=num_experts) so that every expert "
-                              "has a count, 0 included") from None
+                              "decision: every expert needs a count, 0 included (bincount's minlength)") from None
         if "must match the size" in first:
             raise CheckFailed(f"{where}: it raised {type(exc).__name__} ({first[:120]}): f and P must both be [E] "
-                              "vectors; P_e is the mean over the tokens (router_probs.mean(dim=0)), not over the "
-                              "wrong axis") from None
+                              "vectors; P_e is a mean over the tokens (dim 0), not over the wrong axis") from None
         raise CheckFailed(f"{where}: it raised {type(exc).__name__}: {first[:160]}") from None
     expect(isinstance(loss, torch.Tensor), f"{where}: return a tensor (a 0-dim loss), got {type(loss).__name__}")
     expect(loss.numel() == 1, f"{where}: return one number (a 0-dim tensor), got shape {tuple(loss.shape)}: sum "
                               "f_e · P_e over the experts")
     return loss
+
+
+SEEDS = (0, 1)  # two draws of every case: a mistake that one routing hides shows in the other
+
+
+def _check_gradient(grad: torch.Tensor | None, probs: torch.Tensor, index: torch.Tensor, e: int, where: str) -> None:
+    """The gradient must reach router_probs through P only: E · f_e / n for every token, f counted (no gradient)."""
+    n = probs.shape[0]
+    f = torch.zeros(e, dtype=torch.float64).index_add_(0, index.reshape(-1), torch.ones(index.numel(),
+                                                                                        dtype=torch.float64))
+    f = f / index.numel()
+    want = (e * f / n).expand(n, e)
+    expect(grad is not None, f"{where}: no gradient reached router_probs: P must be computed from them")
+    g = grad.double()
+    if torch.allclose(g, want, rtol=1e-5, atol=1e-9):
+        return
+    through_f = (e * (f + probs.double().mean(0)) / n).expand(n, e)
+    expect(not torch.allclose(g, through_f, rtol=1e-5, atol=1e-9),
+           f"{where}: the gradient reaches router_probs through f too: f counts decisions and must carry no "
+           "gradient; only P does")
+    raise CheckFailed(f"{where}: the gradient with respect to router_probs differs from the expected one (max "
+                      f"difference {float((g - want).abs().max()):.3g}): it must reach them through P only")
 
 
 @register("experts", "balance", ("load_balancing_loss",), EXPERTS_NB)
@@ -120,7 +141,9 @@ def _check_balance(load_balancing_loss: Callable) -> str:
         ("top-1, every token on expert 0 with probability 1, 10 tokens, 5 experts", 10, 5, 1, torch.float64,
          {"collapsed": True}),
     ]
-    for where, n, e, k, dtype, opts in cases:
+    for (where, n, e, k, dtype, opts), seed in ((c, seed) for seed in SEEDS for c in cases):
+        g.manual_seed(seed)
+        where = f"{where}, seed {seed}"
         probs, index = _case(g, n, e, k, dtype, **opts)
         leaf = probs.clone().requires_grad_()
         copy_index = index.clone()
@@ -136,18 +159,19 @@ def _check_balance(load_balancing_loss: Callable) -> str:
             for wrong, why in _candidates(probs, index, e):
                 if abs(got - float(wrong)) <= tol * (1 + abs(float(wrong))):
                     raise CheckFailed(f"{where}: {why}")
-            raise CheckFailed(f"{where}: the loss is {got:.6g}, expected {float(want):.6g} = E · Σ_e f_e · P_e with "
-                              "f_e the fraction of the n · k decisions that chose e and P_e the mean probability of e")
+            raise CheckFailed(f"{where}: the loss is {got:.6g}, expected {float(want):.6g} (a difference of "
+                              f"{got - float(want):.3g}): none of the known mistakes gives this value")
         expect(loss.dtype == dtype, f"{where}: keep router_probs' dtype {dtype}, got {loss.dtype}")
         expect(loss.requires_grad and loss.grad_fn is not None,
                f"{where}: the loss does not depend on router_probs any more (detached, .item() or a new tensor): the "
                "router learns to balance through the gradient of P_e")
         loss.reshape(()).backward()
-        counts = torch.zeros(e, dtype=torch.float64).index_add_(0, index.reshape(-1),
-                                                                  torch.ones(index.numel(), dtype=torch.float64))
-        grad_want = (e * counts / index.numel() / n).expand(n, e)
-        expect(leaf.grad is not None and bool(torch.allclose(leaf.grad.double(), grad_want, rtol=1e-5, atol=1e-9)),
-               f"{where}: the gradient with respect to router_probs must be E · f_e / n for every token: f must be "
-               "counted from the decisions (no gradient), P_e the mean of router_probs over the tokens")
+        _check_gradient(leaf.grad, probs, index, e, where)
+    with torch.no_grad():  # an evaluation pass: no graph, the same value
+        probs, index = _case(g, 9, 5, 2, torch.float32)
+        got = _call(load_balancing_loss, probs, index, 5, "under torch.no_grad() (an evaluation pass)")
+        want = float(_reference(probs, index, 5))
+        expect(abs(float(got) - want) <= 2e-6 * (1 + want),
+               f"under torch.no_grad() (an evaluation pass) the loss is {float(got):.6g}, expected {want:.6g}")
     return ("E · Σ f_e · P_e with f over the n · k decisions of all k choices and P the mean probability: right for "
             "top-1, 2 and 3, E = 3 to 7, an unused expert, noisy decisions, a collapsed routing (= E), and its gradient")

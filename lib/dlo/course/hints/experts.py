@@ -6,12 +6,19 @@ from dlo.course.hints.base import Hint, h as _h
 HINTS: dict[tuple[str, str], Hint] = {
     # mixture of experts
     ("experts", "balance"): _h(
-        "Compute the load-balancing loss of a mixture of experts, E times the sum over the experts of the fraction "
-        "of routing decisions sent to each expert times its mean router probability, so that the router learns to "
-        "spread the tokens.",
-        "f_e counts decisions (every one of the k choices of every token, out of n · k) and carries no gradient; "
-        "P_e is the router's mean probability for e over the tokens and carries the gradient. Uniform routing gives "
-        "1, every token on one expert gives E.",
-        "torch.bincount(expert_index.flatten(), minlength=num_experts) (or one_hot(...).sum), divided by "
-        "expert_index.numel(); router_probs.mean(dim=0); (f * P).sum() times num_experts."),
+        "Compute the load-balancing loss of a mixture of experts: one number, smallest when the routing decisions "
+        "are spread evenly over the experts, that the router can lower through its probabilities, so that it learns "
+        "to spread the tokens.",
+        "Two views of each expert's load are multiplied: what the router did (the share of all routing decisions "
+        "the expert received: a count, with no gradient) and what it believes (its mean probability for that "
+        "expert: differentiable). The product is large for an expert that is both busy and favoured, and its "
+        "gradient lowers the probability of busy experts only. The scale makes a perfectly even routing score 1, "
+        "whatever the number of experts, and a collapsed one score the number of experts.",
+        "torch.bincount (its minlength argument) or torch.nn.functional.one_hot; Tensor.reshape, Tensor.numel, "
+        "Tensor.mean with dim, Tensor.to(dtype), Tensor.sum.",
+        "First count, for every expert, the decisions that went to it among all n · k of them (every choice of "
+        "every token; an expert nobody chose counts 0), and turn the counts into fractions of all decisions. Then "
+        "average the router's probabilities over the tokens: one number per expert. Multiply the two per expert, "
+        "add over the experts, scale by the number of experts. Keep the probabilities' dtype and the graph "
+        "(no .item(), no detach on the probabilities)."),
 }

@@ -70,11 +70,16 @@ HINTS: dict[tuple[str, str], Hint] = {
     ("context", "merge"): _h(
         "Combine the attention of the same queries over two disjoint key sets into the attention over their union, "
         "with the log-sum-exp of the union, so that ring attention can add one key block at a time.",
-        "A softmax over A and B is a weighted mix of the softmaxes over A and over B; each part's weight is its share "
-        "of the denominator, exp(lse_part) / (exp(lse_a) + exp(lse_b)). Never exponentiate a raw lse: scores of a "
-        "few hundred overflow float32.",
-        "torch.logaddexp for the merged lse, torch.exp(lse_part - lse) for the weights, unsqueeze(-1) so that a "
-        "[..., seq] weight multiplies a [..., seq, head_dim] output."),
+        "A softmax over A and B is a weighted mix of the softmaxes over A and over B: each part weighs its share of "
+        "the union's denominator, and the union's log-denominator is what the next merge needs. Work with "
+        "differences of log-sum-exps only: the exponential of a raw lse overflows at large scores and underflows "
+        "to 0 far below zero, while a difference stays in range.",
+        "torch.logaddexp (it handles -inf), torch.exp, Tensor.unsqueeze(-1) or indexing with [..., None]; or "
+        "torch.maximum with torch.log1p.",
+        "First the union's lse, from the two lse, without exponentiating either alone. Then each part's weight per "
+        "query: the exponential of its lse minus the union's (between 0 and 1, the two summing to 1). Broadcast "
+        "each weight over the head dimension, mix the two outputs, return the mix and the union's lse. An empty "
+        "part (lse = -inf) must get a weight of exactly 0, never NaN."),
     # attention kernels
     ("attention", "backend"): _h(
         "Given what decides it (device, dtype, head_dim, causal flag or explicit mask, dropout, GPU generation), "
