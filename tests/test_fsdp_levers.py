@@ -14,6 +14,7 @@ and gradients of the run without it unchanged (fp32, same seed), and costs what 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -321,3 +322,30 @@ def test_records_say_which_levers_ran(lever_records):
     assert math.isclose(by["full ckpt"]["hardware_flops_per_token"] / by["full ckpt"]["flops_per_token"],
                         F.hardware_flops_per_token(CFG, SEQ, recomputed_layers=CFG.num_layers)
                         / F.flops_per_token(CFG, SEQ))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--global-batch", "0"], "argument --global-batch: must be >= 1, got 0"),
+    (["--steps", "-2"], "argument --steps: must be >= 1, got -2"),
+    (["--ac-every", "zero"], "argument --ac-every: must be an integer, got 'zero'"),
+    (["--model", "gpt"], "argument --model: invalid choice: 'gpt'"),
+    (["--strategy", "zero2", "--grad-accum", "2"], "DeepSpeed accumulates through its own config"),
+    (["--runs", json.dumps([{"name": "x", "grad_accum": 0}])], "--grad-accum must be >= 1, got 0"),
+])
+def test_a_bad_option_is_one_line_before_any_work(argv, says, capsys, monkeypatch):
+    """fsdp_train.py's mistakes end in one line on stderr and exit code 2, before a process group or a model exists
+    (the --runs entries included); no usage block, no traceback."""
+    script = _load_script()
+    monkeypatch.setattr(script, "init_distributed", lambda **_: pytest.fail("work started before the check"))
+    with pytest.raises(SystemExit) as exit_:
+        script.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert err.startswith("fsdp_train.py: error: ") and err.endswith("(see fsdp_train.py --help)")
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("fsdp_train_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -33,6 +33,7 @@ from torch import nn
 
 import dlo  # noqa: F401  (caches and torchvision shim, before transformers)
 from dlo.data import tokens
+from dlo.runtime.arguments import ScriptParser, at_least
 from dlo.runtime import exit_after_success, expand_runs, init_distributed, pick_device, teardown, write_record
 from dlo.measure import bench
 from dlo.measure.memory import GB, count_parameters, fsdp2_peak_memory, per_gpu_memory
@@ -200,25 +201,29 @@ STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog=Path(__file__).name, description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smoke", choices=list(ref.MODEL_CONFIGS))
     p.add_argument("--model-path", default=None, help="local save_pretrained folder (default: random init)")
     p.add_argument("--data", default=None, help="datasets.save_to_disk folder or .txt file(s) (default: generated)")
     p.add_argument("--tokenizer", default=None, help="local tokenizer folder, needed with --data")
-    p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--global-batch", type=int, default=4, help="sequences per optimizer step, over all ranks")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the timing")
+    p.add_argument("--seq-len", type=at_least(1), default=64)
+    p.add_argument("--global-batch", type=at_least(1), default=4, help="sequences per optimizer step, over all ranks")
+    p.add_argument("--steps", type=at_least(1), default=6)
+    p.add_argument("--warmup-steps", type=at_least(0), default=2, help="first steps left out of the timing")
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--strategy", default="fsdp", choices=STRATEGIES)
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--checkpointing", nargs="?", const="full", default="none", choices=list(ref.AC_MODES),
                    help="activation checkpointing of decoder layers (alone: full; selective: op-level, keeps matmuls)")
-    p.add_argument("--ac-every", type=int, default=1, help="checkpoint one decoder layer in k (0, k, 2k...)")
+    p.add_argument("--ac-every", type=at_least(1), default=1, help="checkpoint one decoder layer in k (0, k, 2k...)")
     p.add_argument("--optimizer-impl", default="default", choices=list(ref.OPTIMIZER_IMPLS),
                    help="AdamW: torch's default, foreach, or fused (one kernel)")
-    p.add_argument("--grad-accum", type=int, default=1,
+    p.add_argument("--grad-accum", type=at_least(1), default=1,
                    help="micro-batches per optimizer step: each rank's batch is split into this many")
     p.add_argument("--accum-sync", default="last", choices=list(ref.ACCUM_SYNC),
                    help="with --grad-accum: reduce gradients after the last micro-batch only, or after every one")
@@ -226,23 +231,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="FSDP with --grad-accum: keep the gathered weights from one micro-batch to the next")
     p.add_argument("--loss", default="full", choices=list(ref.LOSS_MODES),
                    help="full: the tokens x vocab logits at once; chunked: head + cross-entropy chunk by chunk")
-    p.add_argument("--loss-chunk-tokens", type=int, default=1024, help="--loss chunked: tokens per chunk")
+    p.add_argument("--loss-chunk-tokens", type=at_least(1), default=1024, help="--loss chunked: tokens per chunk")
     p.add_argument("--no-reshard", action="store_true", help="FSDP: keep gathered weights from forward to backward")
     p.add_argument("--offload", action="store_true", help="FSDP: CPU offload of the sharded state (GPU only)")
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
     p.add_argument("--prefetch", default="default", choices=list(ref.PREFETCH_MODES),
                    help="FSDP: when each layer's all-gather is issued (dlo.parallel.fsdp.set_prefetch)")
-    p.add_argument("--prefetch-depth", type=int, default=2, help="FSDP, --prefetch explicit: layers gathered ahead")
+    p.add_argument("--prefetch-depth", type=at_least(1), default=2, help="FSDP, --prefetch explicit: layers gathered ahead")
     p.add_argument("--compute-only", action="store_true",
                    help="the baseline of exposed communication: the unsharded model on every rank, no collective")
-    p.add_argument("--timed-repeats", type=int, default=0,
+    p.add_argument("--timed-repeats", type=at_least(0), default=0,
                    help="after the training steps: warm up until steady, then time this many steps (0: none)")
-    p.add_argument("--warmup-max-calls", type=int, default=10, help="cap on the warm-up steps of --timed-repeats")
+    p.add_argument("--warmup-max-calls", type=at_least(1), default=10, help="cap on the warm-up steps of --timed-repeats")
     p.add_argument("--resume-check", action="store_true",
                    help="FSDP: train half, save a sharded checkpoint, reload it into a fresh model, finish, compare")
     p.add_argument("--runs", default=None,
                    help='JSON list of runs, each a dict of overrides, e.g. [{"name": "bf16", "precision": "bf16"}]')
-    return p.parse_args(argv)
+    return p
 
 
 def normalise(args) -> argparse.Namespace:
@@ -451,7 +456,13 @@ def resume_check(args, ctx, device, dataset, cfg, straight: list[float]) -> dict
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # every configuration's options checked before a process group or a model exists
+        for _, run_args in expand_runs(args, args.runs):
+            normalise(argparse.Namespace(**vars(run_args)))
+    except ValueError as exc:
+        parser.refuse(exc)
     # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU. FSDP, DCP and DeepSpeed need a process
     # group even for one process (one GPU, or plain `python fsdp_train.py`): group_of_one makes it.
     ctx = init_distributed(group_of_one=True)

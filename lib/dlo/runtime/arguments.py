@@ -1,0 +1,43 @@
+"""Command-line parsing for the course's scripts: a bad option or value is one line, before any work starts.
+
+argparse's default answer to a mistake is the whole usage block (14-17 lines for a script with many options) and a
+bad value found later is a traceback; on a cluster both land in a log read after the queue wait. Here:
+
+- :class:`ScriptParser` prints ``fsdp_train.py: error: argument --global-batch: must be >= 1, got 0 (see
+  fsdp_train.py --help)`` and exits with 2;
+- :func:`at_least` builds the ``type=`` of an integer option with a lower bound (``type=at_least(1)``), so a count
+  of 0 or -5 is refused by the parser itself;
+- :meth:`ScriptParser.refuse` turns the ``ValueError`` of a later consistency check (two options that do not go
+  together) into the same one line.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, NoReturn
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line with what to do, and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def refuse(self, exc: ValueError) -> NoReturn:
+        """The one-line error for a value the parser accepted but a later check refused."""
+        self.error(str(exc))
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """``type=`` of an integer option that must be ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
