@@ -464,3 +464,32 @@ def test_the_output_heads_share_of_the_flops_shrinks_with_the_sequence(seq_len, 
     with_head = F.flops_per_token(LLAMA_3_2_3B, seq_len, include_embeddings=True)
     without = F.flops_per_token(LLAMA_3_2_3B, seq_len)
     assert (with_head - without) / with_head == pytest.approx(share, abs=0.005)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_training_flops_with_the_head_match_an_independent_count(tied):
+    """FLOPs per token with and without the LM head against torch's own FLOP counter on a real training step of a
+    small Llama (forward + backward), whose attention runs through the scaled-dot-product kernel. The counter counts
+    every matmul, attention's included, as 2 FLOPs per multiply-add, as the formula does; the formula counts the full
+    S x S score matrix (a convention: a causal kernel could skip half), and so does the counter for SDPA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dlo.models.config import TransformerConfig
+    from dlo.models.llama import Llama, lm_loss, token_batch
+
+    cfg = TransformerConfig(vocab_size=96, hidden_size=64, intermediate_size=80, num_layers=2, num_heads=4,
+                            num_kv_heads=2, tie_embeddings=tied)
+    seq, batch = 24, 3
+    model = Llama(cfg, seed=0)
+    tokens, labels = token_batch(batch, seq, cfg.vocab_size)
+    # the math kernel: written with matmuls the counter sees (the fused CPU kernel is not in its table)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        lm_loss(model(tokens), labels).backward()
+    per_token = counter.get_total_flops() / (batch * seq)
+    norms = 2 * cfg.num_layers * cfg.hidden_size + cfg.hidden_size  # RMSNorm weights: multiplies, no matmul FLOPs
+    assert F.flops_per_token(cfg, seq, include_head=True) - 6 * norms == pytest.approx(per_token, rel=1e-6)
+    without = F.flops_per_token(cfg, seq)
+    assert F.flops_per_token(cfg, seq, include_head=True) - without == 6 * cfg.vocab_size * cfg.hidden_size
+    with pytest.raises(ValueError, match="one of the two"):
+        F.flops_per_token(cfg, seq, include_head=True, include_embeddings=True)

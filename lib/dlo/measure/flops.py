@@ -33,8 +33,11 @@ Which N? By default the *non-embedding* parameters (Kaplan et al.): the input em
 lookup, no FLOPs. Note that this convention also leaves out the output head (a ``H×V`` matmul that does
 cost ``2·H·V`` FLOPs per token forward: for Llama 3.2 3B, 12 % of the training FLOPs at 128 tokens, 11 % at
 2,048, 8.5 % at 8,192 and 1.5 % at 131,072, since the attention term grows with S and the head's does not);
-``include_embeddings=True`` uses all the
-parameters instead (as PaLM and many MFU reports do). Say which one you use when you report an MFU.
+``include_head=True`` adds the head's ``V·H`` weights to N (its matmul, whether or not it shares its weights
+with the input embedding): what torchtitan's and Megatron-LM's MFU figures count, so an MFU compared with theirs
+must include it (``dlo.parallel.fsdp`` reports both, ``mfu`` with the head and ``mfu_no_head``).
+``include_embeddings=True`` uses all the parameters instead (as PaLM and many MFU reports do; for a model with
+tied embeddings this is the same as ``include_head``). Say which one you use when you report an MFU.
 """
 from __future__ import annotations
 
@@ -50,20 +53,25 @@ TERA = 10**12
 
 
 def flops_per_token(model: TransformerConfig | int, seq_len: int, *, training: bool = True,
-                    include_embeddings: bool = False, num_layers: int | None = None,
+                    include_embeddings: bool = False, include_head: bool = False, num_layers: int | None = None,
                     attention_width: int | None = None) -> float:
     """Model FLOPs per token: ``6N + 12·L·H·S`` for training, ``2N + 4·L·H·S`` for a forward pass.
 
     ``model``: a :class:`~dlo.models.config.TransformerConfig` (N, L and H are read from it) or a parameter
     count N, then with ``num_layers`` (L) and ``attention_width`` (H, usually the hidden size) for the
     attention term, which may be left out only with ``seq_len=0``. With an int, N is used as given
-    (``include_embeddings`` only applies to a config). As ``seq_len → 0`` this tends to 6N (2N).
+    (``include_embeddings`` and ``include_head`` only apply to a config). As ``seq_len → 0`` this tends to 6N (2N).
+    ``include_head``: N also counts the output head's ``vocab_size · hidden_size`` weights (its matmul's FLOPs).
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
         raise ValueError(f"seq_len must be a non-negative integer, got {seq_len!r}")
     if isinstance(model, TransformerConfig):
         counts = count_parameters(model)
+        if include_embeddings and include_head:
+            raise ValueError("include_embeddings already counts the output head: pass one of the two")
         n = counts["total"] if include_embeddings else counts["non_embedding"]
+        if include_head:
+            n += model.vocab_size * model.hidden_size
         layers, width = model.num_layers, model.q_dim
     else:
         if isinstance(model, bool) or not isinstance(model, int) or model < 1:
