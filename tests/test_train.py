@@ -621,6 +621,53 @@ def test_train_early_stopping_stops_and_restores_the_best(train_set, monkeypatch
         assert torch.equal(v, snapshots[1][k])
 
 
+class _Calls(tr.Callback):
+    """Writes each ``on_epoch_end`` it receives into a shared list; asks to stop at the epochs in ``stop_at``."""
+
+    def __init__(self, name, calls, stop_at=()):
+        self.name, self.calls, self.stop_at = name, calls, set(stop_at)
+
+    def on_epoch_end(self, state, record):
+        self.calls.append((self.name, state.epoch, state.step))
+        return state.epoch in self.stop_at
+
+
+def _tiny_run(callbacks, epochs=3):
+    """A linear model on 8 random samples, batches of 4: 2 steps per epoch, a few milliseconds."""
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(8, 3, 2, 2, generator=g), torch.randint(0, 3, (8,), generator=g))
+
+    def make(generator):
+        return torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True, generator=generator)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    cfg = tr.TrainConfig(epochs=epochs, log_every=100, progress=False, lr=0.01)
+    return tr.train(model, make, cfg, callbacks=callbacks)
+
+
+def test_every_epoch_end_callback_runs_after_one_asks_to_stop():
+    """A callback asking to stop does not silence the ones after it: each gets its on_epoch_end of the epoch, in
+    order, and only then the run stops (a short-circuiting ``any(...)`` would skip the later ones)."""
+    calls = []
+    result = _tiny_run([_Calls("first", calls), _Calls("stopper", calls, stop_at={1}), _Calls("last", calls)])
+    assert calls == [("first", 0, 2), ("stopper", 0, 2), ("last", 0, 2),
+                     ("first", 1, 4), ("stopper", 1, 4), ("last", 1, 4)]
+    assert result.step == 4 and [r["event"] for r in result.records][-1] == "stopped_early"
+    assert [r["epoch"] for r in result.records if r["event"] == "epoch"] == [0, 1]
+    calls.clear()
+    result = _tiny_run([_Calls("stopper", calls, stop_at={0}), _Calls("a", calls), _Calls("b", calls)])
+    assert calls == [("stopper", 0, 2), ("a", 0, 2), ("b", 0, 2)] and result.step == 2
+
+
+def test_a_stop_asked_at_the_last_epoch_is_no_early_stop():
+    calls = []
+    result = _tiny_run([_Calls("stopper", calls, stop_at={1}), _Calls("last", calls)], epochs=2)
+    assert calls == [("stopper", 0, 2), ("last", 0, 2), ("stopper", 1, 4), ("last", 1, 4)]
+    assert result.step == 4 and result.completed
+    assert "stopped_early" not in [r["event"] for r in result.records]
+
+
 def test_train_early_stopping_needs_validation(train_set):
     with pytest.raises(ValueError, match="early_stopping watches the validation accuracy"):
         tr.train(_model(), _loader_factory(train_set, 0), tr.TrainConfig(epochs=2, progress=False, early_stopping=1))
