@@ -210,8 +210,12 @@ def _check_reduce(reduce_metrics: Callable) -> str:
                 f"one process (no process group): expected loss 0.5, accuracy 0.4, got {got!r}")
     records = _run_ranks(reduce_metrics, 2)
     # rank 0: loss sum 5 over 10 images, 4 right; rank 1: loss sum 40 over 30 images, 27 right
+    local = {0: (5 / 10, 4 / 10), 1: (40 / 30, 27 / 30)}
     for r in records:
         got = r["result"]
+        expect(not all(abs(got.get(k, -1) - v) < 1e-9 for k, v in zip(("loss", "accuracy"), local[r["rank"]])),
+               f"rank {r['rank']} returned its own shard's numbers (loss {got.get('loss')}): the sums over the ranks "
+               "never reached what you return (a reduction into a copy that is not read back?)")
         expect(abs(got.get("loss", -1) - 45 / 40) < 1e-9,
                 f"rank {r['rank']}: global loss is (5 + 40) / (10 + 30) = 1.125, got {got.get('loss')} "
                 "(averaging the ranks' means is wrong when shards differ in size)")

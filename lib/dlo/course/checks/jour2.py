@@ -22,8 +22,10 @@ class _SlowLoader:
     def __init__(self, start_s: float, batch_s: list[float]) -> None:
         self.start_s, self.batch_s = start_s, batch_s
         self.served = 0
+        self.iters = 0  # how many times iteration started (each start restarts a real loader's workers)
 
     def __iter__(self):
+        self.iters += 1
         time.sleep(self.start_s)
         return self._batches()
 
@@ -40,6 +42,10 @@ def _check_wait(wait_times: Callable) -> str:
     out = wait_times(fake, 5)
     expect(isinstance(out, tuple) and len(out) == 2, "return a tuple (first_s, waits)")
     first, waits = out
+    expect(fake.iters == 1,
+           f"iteration over the loader started {fake.iters} times: each start launches the workers again (and "
+           "restarts the epoch), so the waits you measured include a restart; keep one iterator for the whole "
+           "measurement")
     expect(fake.served <= 5, f"fetch n_iters = 5 batches, not {fake.served}")
     expect(len(waits) == 4, f"waits holds the n_iters - 1 = 4 batches after the first, got {len(waits)}")
     expect(0.19 <= first < 0.35, f"first_s must include iter() (0.15 s here) and the first batch (0.05 s): got {first:.3f} s")
