@@ -206,3 +206,131 @@ def _check_merge(merge_partial: Callable) -> str:
            "must be that of the union, since the next merge uses it")
     return ("the attention over the union of two key sets: exact in float32 and float64, either side empty, no "
             "overflow at large scores nor underflow far below zero, blocks merged in a chain")
+
+
+# ----------------------------------------------------------------------------------------------------
+# One ring step: which blocks are skipped, which are masked, and the merge
+# ----------------------------------------------------------------------------------------------------
+class _CountingMerge:
+    """The library's merge, counting its calls (a fully masked block must never reach it)."""
+
+    def __init__(self) -> None:
+        from dlo.parallel.context import merge_partial
+
+        self.merge, self.calls = merge_partial, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.merge(*args)
+
+
+def _block(q, k, v, mask: str):
+    """``(out, lse)`` of one query chunk against one key chunk: "none", "causal" (query i sees keys 0..i), "upper"."""
+    c = q.shape[-2]
+    m = None if mask == "none" else torch.ones(c, c, dtype=torch.bool).tril()
+    if mask == "upper":
+        m = torch.ones(c, c, dtype=torch.bool).triu()
+    return attention(q, k, v, m)
+
+
+def _step(ring_step: Callable, parts, q, q_chunks, k, v, k_chunks, merge, where: str):
+    try:
+        new = ring_step(list(parts), q, list(q_chunks), k, v, list(k_chunks), merge)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, IndexError, TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckFailed(f"{where}: it raised {type(exc).__name__}: {first[:160]}") from None
+    expect(isinstance(new, (list, tuple)) and len(new) == len(q_chunks),
+           f"{where}: return the list of running (out, lse), one per query chunk ({len(q_chunks)}), got "
+           f"{type(new).__name__}")
+    return list(new)
+
+
+def _same(part, want, tol: float = 1e-12) -> bool:
+    return part is not None and want is not None and all(_close(a, b, tol) for a, b in zip(part, want))
+
+
+def _check_kinds(ring_step: Callable, g: torch.Generator) -> None:
+    """One query chunk against one key chunk, each kind of block alone: the message names the kind."""
+    c, d = 3, 4
+    q, k, v = (torch.randn(1, 2, c, d, generator=g, dtype=torch.float64) for _ in range(3))
+    full, causal, upper = (_block(q, k, v, m) for m in ("none", "causal", "upper"))
+    chunks = "compare the chunk numbers (q_chunks, k_chunks), not the blocks' places in the lists"
+    # an earlier key chunk: every key visible
+    merge = _CountingMerge()
+    got = _step(ring_step, [None], q, [2], k, v, [1], merge, "query chunk 2, key chunk 1 (earlier keys)")[0]
+    expect(got is not None, "query chunk 2 against key chunk 1: the block of earlier keys was skipped; every key "
+                            "of an earlier chunk is visible to every query of a later one")
+    if not _same(got, full):
+        expect(not _same(got, causal), "query chunk 2 against key chunk 1: the block of earlier keys is masked; only "
+                                       f"the diagonal block (the same chunk) is: {chunks}")
+        raise CheckFailed("query chunk 2 against key chunk 1 (every key visible): the result differs from the "
+                          f"attention over the block by {float((got[0] - full[0]).abs().max()):.3g}")
+    # the same chunk: the causal mask inside
+    got = _step(ring_step, [None], q, [1], k, v, [1], _CountingMerge(), "query chunk 1, key chunk 1 (diagonal)")[0]
+    expect(got is not None, "query chunk 1 against key chunk 1: the diagonal block was skipped; each query sees the "
+                            "keys of its own chunk up to itself")
+    if not _same(got, causal):
+        expect(not _same(got, full), "query chunk 1 against key chunk 1: the diagonal block is not masked: a query "
+                                     "may only see the keys of its chunk up to its own position")
+        expect(not _same(got, upper), "query chunk 1 against key chunk 1: the diagonal block keeps the wrong "
+                                      "triangle: query i sees keys 0..i of the chunk, not i..end")
+        raise CheckFailed("query chunk 1 against key chunk 1 (diagonal): the result differs from the causal attention "
+                          f"inside the block by {float((got[0] - causal[0]).abs().max()):.3g}")
+    # a later chunk: fully masked, skipped -- no work, no merge, the running result untouched
+    merge = _CountingMerge()
+    got = _step(ring_step, [causal], q, [1], k, v, [2], merge, "query chunk 1, key chunk 2 (later keys)")[0]
+    expect(merge.calls == 0 and _same(got, causal, 0.0),
+           "query chunk 1 against key chunk 2: a fully masked block (every key later than every query) was used; "
+           f"it must be skipped: no attention, no merge, the running result left as it is ({chunks})")
+    # an earlier chunk again, onto a running result: merged, not replaced
+    merge = _CountingMerge()
+    got = _step(ring_step, [causal], q, [2], k, v, [1], merge, "a running result, then key chunk 1")[0]
+    want = merge.merge(*causal, *full)
+    expect(not _same(got, full), "a new block replaced the running result instead of being merged into it")
+    expect(_same(got, want), "a running result and a new visible block: the result differs from their merge by "
+                             f"{float((got[0] - want[0]).abs().max()):.3g}")
+
+
+#: (where, ranks, chunk length, layout): odd chunk lengths, 2 and 3 ranks, both layouts
+RING_CASES = [
+    ("2 ranks, balanced, chunks of 3", 2, 3, "balanced"),
+    ("3 ranks, balanced, chunks of 5", 3, 5, "balanced"),
+    ("3 ranks, contiguous, chunks of 3", 3, 3, "contiguous"),
+]
+
+
+@register("context", "ring_step", ("ring_step",), CONTEXT_NB)
+def _check_ring_step(ring_step: Callable) -> str:
+    from dlo.parallel import context as C
+
+    g = torch.Generator().manual_seed(1)
+    _check_kinds(ring_step, g)
+    for where, cp, c, layout in RING_CASES:
+        seq = C.num_chunks(cp, layout) * c
+        q, k, v = (torch.randn(1, 2, seq, 4, generator=g, dtype=torch.float64) for _ in range(3))
+        want = attention(q, k, v, torch.ones(seq, seq, dtype=torch.bool).tril())[0]
+        outs = []
+        for rank in range(cp):
+            q_chunks = C.rank_chunks(rank, cp, layout)
+            parts, merge, blocks = [None] * len(q_chunks), _CountingMerge(), 0
+            for step in range(cp):  # the K/V block of rank - step arrives at step `step`
+                src = (rank - step) % cp
+                k_chunks = C.rank_chunks(src, cp, layout)
+                blocks += sum(kc <= qc for qc in q_chunks for kc in k_chunks)
+                parts = _step(ring_step, parts, C.shard(q, cp, rank, layout), q_chunks, C.shard(k, cp, src, layout),
+                              C.shard(v, cp, src, layout), k_chunks, merge, f"{where}, rank {rank}, step {step}")
+            expect(all(p is not None for p in parts), f"{where}, rank {rank}: a query chunk saw no key after the "
+                                                      "whole ring")
+            expect(merge.calls == blocks - len(q_chunks),
+                   f"{where}, rank {rank}: {merge.calls} merges for {blocks} visible blocks over {len(q_chunks)} "
+                   "query chunks: each visible block is merged once into its chunk's running result, the first one "
+                   "taken as it is, and a fully masked block never")
+            outs.append(torch.cat([p[0] for p in parts], -2))
+        got = C.unshard(outs, layout)
+        expect(got.dtype == torch.float64, f"{where}: keep the inputs' dtype float64, got {got.dtype}")
+        expect(_close(got, want, 1e-10), f"{where}: the ring's result differs from causal attention over the whole "
+                                         f"sequence by {float((got - want).abs().max()):.3g}")
+    return ("earlier blocks whole, the diagonal block masked, later blocks skipped with no merge, each visible block "
+            "merged once: the simulated ring equals causal attention (2 and 3 ranks, both layouts, odd chunks)")

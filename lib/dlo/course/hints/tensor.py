@@ -80,6 +80,22 @@ HINTS: dict[tuple[str, str], Hint] = {
         "query: the exponential of its lse minus the union's (between 0 and 1, the two summing to 1). Broadcast "
         "each weight over the head dimension, mix the two outputs, return the mix and the union's lse. An empty "
         "part (lse = -inf) must get a weight of exactly 0, never NaN."),
+    ("context", "ring_step"): _h(
+        "Fold the K/V block a rank holds at one ring step into the running attention of each of its query chunks: "
+        "blocks of earlier keys whole, the block of the same chunk with the causal mask, blocks of later keys "
+        "skipped, so that after the whole ring every query has seen exactly the keys it may see.",
+        "With a causal mask, a pair of chunks is decided by their numbers alone: an earlier key chunk is entirely "
+        "visible, the same chunk is visible up to each query's own position, a later chunk is entirely masked. A "
+        "fully masked pair costs nothing if it is skipped, and would give NaN if it were computed (a softmax over "
+        "no key). What each visible pair gives is a partial attention, folded into the running one by the merge.",
+        "C.block_attention(q, k, v, diagonal=...) for one block's (out, lse); the merge argument (your "
+        "merge_partial or C.merge_partial); tensor slicing along dim -2 to cut a chunk; enumerate over q_chunks "
+        "and k_chunks.",
+        "Cut q, k and v into their chunks (each chunk has the same length, the sequence length over the number "
+        "of chunks in the list). For every query chunk and every key chunk, compare the two chunk numbers: skip a "
+        "later key chunk; otherwise compute the block's partial attention, masked inside when the numbers are "
+        "equal. Put it in that query chunk's slot if the slot is empty, else replace the slot by the merge of the "
+        "slot and the block. Return the list of slots."),
     # attention kernels
     ("attention", "backend"): _h(
         "Given what decides it (device, dtype, head_dim, causal flag or explicit mask, dropout, GPU generation), "
