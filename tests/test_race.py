@@ -419,6 +419,7 @@ def _attempt(name, reached_at, n_test, data="real CIFAR-10", hardware="NVIDIA H1
 def test_a_race_records_what_makes_attempts_comparable():
     rec = run(target=0.01)
     assert rec["n_test"] == DATA["n_test"] and rec["data"] == "generated"
+    assert rec["reached"] and rec["time_after_loading_s"] == pytest.approx(rec["total_s"] - rec["load_s"])
     assert rec["hardware"].startswith("CPU: ") and rec["versions"]["torch"] == torch.__version__
     assert board.standing(rec) == ("practice", "generated data, not real CIFAR-10")
     assert "practice board (generated data" in race.summary_line(rec)
@@ -475,3 +476,34 @@ def test_an_attempt_made_under_the_old_stopping_rule_is_unofficial():
     legacy = {**old, "best_accuracy": 0.95}
     legacy.pop("accuracy")
     assert board.leaderboard([legacy]).iloc[0]["accuracy"] == 0.95  # an old file still shows its accuracy
+
+
+def test_times_within_the_noise_share_a_rank():
+    """A 4 s race won by 0.06 s is a tie (the review's ablation ranked first by 0.06 s); a 20 % gap is a win. Repeated
+    attempts of one recipe that spread by 12 % widen the tie band to 12 %."""
+    ref = _attempt("reference", 4.00, 10000)
+    close = _attempt("ablation", 3.94, 10000)
+    far = _attempt("faster recipe", 3.20, 10000)
+    table = board.leaderboard([ref, close, far], target=0.94)
+    assert list(table["name"]) == ["faster recipe", "ablation", "reference"]
+    assert list(table.index) == [1, 2, 2] and list(table["tied"]) == [False, True, True]
+    assert board.tie_resolution([ref, close, far]) == board.MIN_TIE_RESOLUTION
+    repeats = [{**_attempt(f"r #{k}", t, 10000), "recipe": {"lr": 0.1, "seed": k}} for k, t in enumerate((3.0, 3.36))]
+    assert board.tie_resolution(repeats) == pytest.approx(0.12)
+    wide = board.leaderboard([*repeats, _attempt("other", 3.30, 10000)], target=0.94)
+    assert list(wide.index) == [1, 1, 1]
+    # no reached attempt is ever tied with one that missed the target
+    missed = {**_attempt("missed", None, 10000), "reached": False, "accuracy": 0.9}
+    assert list(board.leaderboard([ref, missed], target=0.94).index) == [1, 2]
+
+
+def test_repeated_times_report_both_clocks_with_their_spread():
+    recs = [{"reached": True, "time_to_target_s": t, "time_after_loading_s": t - 1.0} for t in (4.0, 5.0, 6.0)]
+    out = race.repeated_times([*recs, {"reached": False, "time_to_target_s": None, "time_after_loading_s": None}])
+    assert out["attempts"] == 4 and out["reached"] == 3
+    assert out["time_to_target_s"] == {"mean": 5.0, "std": 1.0, "n": 3}
+    assert out["time_after_loading_s"]["mean"] == 4.0
+    assert "5.00 s ± 1.00 s" in out["sentence"] and "4.00 s ± 1.00 s" in out["sentence"]
+    one = race.repeated_times(recs[:1])
+    assert one["time_to_target_s"]["std"] is None and "one attempt: no spread" in one["sentence"]
+    assert "none of the 1" in race.repeated_times([{"reached": False}])["sentence"]

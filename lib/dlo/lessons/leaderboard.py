@@ -60,8 +60,13 @@ def append_to_leaderboard(record: dict[str, Any], path: str | os.PathLike) -> Pa
 
 
 LEADERBOARD_COLUMNS = ["board", "group", "name", "data", "n_test", "hardware", "target", "reached", "time_to_target_s",
-                       "accuracy", "epochs", "epochs_run", "compile_excluded", "compile_s",
+                       "tied", "time_after_loading_s", "accuracy", "epochs", "epochs_run", "compile_excluded", "compile_s",
                        "time_to_target_with_compile_s", "load_s", "eval_s", "device", "gpu", "torch", "date", "why"]
+
+#: Two times to target closer than this (relative) are a tie: single attempts of the same recipe on one machine
+#: vary by several percent (loading, clocks, other jobs), so a smaller gap says nothing about the recipes. Where a
+#: group holds repeated attempts of one recipe, their own spread widens it (:func:`tie_resolution`).
+MIN_TIE_RESOLUTION = 0.05
 
 #: The official board: the whole real CIFAR-10 test set, nothing less.
 OFFICIAL_DATA = "real CIFAR-10"
@@ -153,7 +158,8 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
     :func:`comparability_key` (board, target, data kind, number of test images, hardware; ``group`` is its
     readable title); official groups come first, then practice, then unofficial. Within a group, the attempts
     that reached the target come first, by time to target, then the others by test accuracy; the index is the
-    ``rank`` within the group. ``accuracy`` is the attempt's one test evaluation (an older record's best
+    ``rank`` within the group, shared by attempts whose times to target differ by less than the noise
+    (:func:`tie_resolution`; ``tied`` marks them): a win by 0.06 s in a 4 s race is not a win. ``accuracy`` is the attempt's one test evaluation (an older record's best
     accuracy over its epochs). ``target`` / ``data`` ("generated" or "real CIFAR-10") / ``board`` keep only
     those attempts.
     """
@@ -186,12 +192,51 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
         df["_t"] = df["time_to_target_s"].astype(float)
         df = df.sort_values(["_board", "group", "_miss", "_t", "accuracy"],
                             ascending=[True, True, True, True, False], na_position="last", kind="stable")
-        df["rank"] = df.groupby("group", sort=False).cumcount() + 1
+        rank, tied = [0] * len(df), [False] * len(df)
+        for title, positions in df.groupby("group", sort=False).indices.items():
+            group = [e for e in entries if _group_title(comparability_key(e)) == title]
+            times = [None if df["_miss"].iat[i] else float(df["_t"].iat[i]) for i in positions]
+            ranks, ties = _tie_ranks(times, tie_resolution(group))
+            for i, r, t in zip(positions, ranks, ties):
+                rank[i], tied[i] = r, t
+        df["rank"], df["tied"] = rank, tied
         df = df.drop(columns=["_miss", "_t", "_board"]).set_index("rank")
     else:
         df = df.drop(columns=["_board"])
         df.index = pd.RangeIndex(1, 1, name="rank")
     return df
+
+
+def tie_resolution(entries: Iterable[Mapping[str, Any]]) -> float:
+    """The relative gap below which two times to target are a tie: :data:`MIN_TIE_RESOLUTION`, or the widest
+    relative spread ((max - min) / min) of the repeated attempts of one recipe among ``entries`` (attempts with the
+    same ``recipe`` settings but their seed and name), whichever is larger."""
+    by_recipe: dict[str, list[float]] = {}
+    for e in entries:
+        recipe = e.get("recipe")
+        if not isinstance(recipe, Mapping) or not e.get("reached") or e.get("time_to_target_s") is None:
+            continue
+        key = json.dumps({k: v for k, v in recipe.items() if k not in ("seed", "name")}, sort_keys=True, default=str)
+        by_recipe.setdefault(key, []).append(float(e["time_to_target_s"]))
+    spreads = [(max(t) - min(t)) / min(t) for t in by_recipe.values() if len(t) > 1 and min(t) > 0]
+    return max([MIN_TIE_RESOLUTION, *spreads])
+
+
+def _tie_ranks(times: list[float | None], resolution: float) -> tuple[list[int], list[bool]]:
+    """Ranks for attempts sorted best first (``None``: did not reach the target, ranked after, by accuracy):
+    an attempt within ``resolution`` (relative) of the first attempt of the current tie shares its rank."""
+    ranks, tied = [], []
+    first_t, first_rank = None, 0
+    for i, t in enumerate(times):
+        if t is not None and first_t is not None and t <= first_t * (1 + resolution) * (1 + 1e-9):
+            ranks.append(first_rank)
+            tied.append(True)
+            tied[first_rank - 1] = True
+            continue
+        first_t, first_rank = t, i + 1
+        ranks.append(i + 1)
+        tied.append(False)
+    return ranks, tied
 
 
 def boards(source: str | os.PathLike | Iterable[dict[str, Any]], **filters: Any) -> dict[str, Any]:
