@@ -57,6 +57,16 @@ class LRFinderResult:
         d["suggested_range"] = list(self.suggested_range)
         return d
 
+    def range_sentence(self, lr: float, *, what: str = "the rate used below") -> str:
+        """Where ``lr`` stands against this sweep's suggested range, in one sentence written from the numbers
+        (inside, below or above it, and by what factor)."""
+        low, high = self.suggested_range
+        where = f"{what}, {lr:.2g}, is"
+        if low <= lr <= high:
+            return f"{where} inside this run's suggested range ({low:.2g} … {high:.2g})."
+        side, factor = ("below", low / lr) if lr < low else ("above", lr / high)
+        return f"{where} {side} this run's suggested range ({low:.2g} … {high:.2g}), by a factor of {factor:.2g}."
+
     def plot(self, path: str | Path | None = None, *, title: str = "Learning-rate range test"):
         """Loss against lr (log scale): raw losses faint, smoothed loss bold, the steepest point, the
         minimum, the suggested range shaded and the divergence point. Returns the Figure."""

@@ -83,6 +83,13 @@ def _trust_ratio(numerator: torch.Tensor, denominator: torch.Tensor, eps: float 
     return torch.where(ok, numerator / (denominator + eps), torch.ones_like(numerator))
 
 
+def lars_trust_ratio(w_norm: torch.Tensor, g_norm: torch.Tensor, weight_decay: float, trust_coefficient: float,
+                     eps: float = 0.0) -> torch.Tensor:
+    """LARS's trust ratio ``eta ||w|| / (||g|| + wd ||w||)`` (You et al. 2017, eq. 6; 1 where a norm is 0): the
+    sum of two norms, not the norm ``||g + wd w||`` of the decayed gradient (an upper bound of it)."""
+    return _trust_ratio(trust_coefficient * w_norm, g_norm + weight_decay * w_norm, eps)
+
+
 # --------------------------------------------------------------------------------------------------
 # Optimisers written by hand
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +188,7 @@ class LARS(Optimizer):
                 if adapt:
                     w_norm = torch.linalg.vector_norm(p)
                     d = g.add(p, alpha=wd) if wd != 0 else g
-                    trust = _trust_ratio(eta * w_norm, torch.linalg.vector_norm(g) + wd * w_norm, eps)
+                    trust = lars_trust_ratio(w_norm, torch.linalg.vector_norm(g), wd, eta, eps)
                     d = d * trust
                 else:
                     d = g
@@ -356,6 +363,20 @@ def scaled_lr(base_lr: float, batch_size: int, base_batch: int = 256) -> float:
 # --------------------------------------------------------------------------------------------------
 # Learning-rate schedules
 # --------------------------------------------------------------------------------------------------
+
+def warmup_steps(total_steps: int, fraction: float = 0.2, minimum: int = 2) -> int:
+    """Warm-up steps for a run of ``total_steps``: ``fraction`` of them, at least ``minimum`` (a 1-step warm-up
+    is none: its step already uses ``lr * 1 / 1``), refused when no step would be left after it."""
+    if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
+        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+    if not isinstance(minimum, int) or minimum < 2:
+        raise ValueError(f"minimum must be an int >= 2 (a 1-step warm-up starts at the full rate), got {minimum!r}")
+    _check_range("fraction", fraction, 0.0, 1.0)
+    if total_steps <= minimum:
+        raise ValueError(f"a run of {total_steps} steps cannot warm up over {minimum} steps and still train after: "
+                         "give it more steps (epochs, data) or a smaller batch")
+    return min(total_steps - 1, max(minimum, int(fraction * total_steps)))
+
 
 def _base_lrs(optimizer: Optimizer) -> list[float]:
     return [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]

@@ -19,10 +19,12 @@ training loop *wait* for it":
   overlap with device events (:class:`TransferOps`); :func:`overlap_sentence` says what it showed.
   The result is a :class:`LoaderTrial`: ``.row()`` for a table of settings, ``.timeline()`` per iteration.
 * ``loader_plots.plot_timeline`` draws those iterations like a profiler's timeline; ``loader_plots.plot_trials``
-  compares settings; :func:`best_setting` picks the one to keep.
+  compares settings; :func:`compare_settings` times them again interleaved and :func:`keep_sentence` picks
+  the one to keep with the decision rule (:func:`best_setting`: the older rule on single trials).
 * :func:`heavy_transform` makes the loader's work heavy enough to matter (RandAugment, random resized
   crops), :func:`light_transform` is the evaluation pipeline for comparison.
-* :func:`epoch_start_latency` shows what ``persistent_workers=True`` buys: no worker restart per epoch.
+* :func:`epoch_start_latency` shows what ``persistent_workers=True`` buys: no worker restart per epoch
+  (:func:`epoch_starts_interleaved`: two loaders' epochs in turns, for a decision).
 * :func:`core_budget` and :func:`shm_status` answer the two practical questions on a cluster: how many
   workers can this rank afford, and why did a run die with "Bus error" (shared memory).
 
@@ -33,9 +35,11 @@ from __future__ import annotations
 from .trial import LOADER_KNOBS, LoaderTrial, heavy_transform, light_transform, loader_settings
 from .profiling import TransferOps, epoch_start_latency, overlap_seconds, overlap_sentence, profile_loader
 from .advice import SHM_PATH, best_setting, core_budget, row_labels, shm_status
+from .compare import compare_settings, epoch_starts_interleaved, keep_sentence
 
 __all__ = [
     "LOADER_KNOBS", "LoaderTrial", "heavy_transform", "light_transform", "loader_settings",
     "TransferOps", "epoch_start_latency", "overlap_seconds", "overlap_sentence", "profile_loader",
     "SHM_PATH", "best_setting", "core_budget", "row_labels", "shm_status",
+    "compare_settings", "epoch_starts_interleaved", "keep_sentence",
 ]
