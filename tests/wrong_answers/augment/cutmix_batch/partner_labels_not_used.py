@@ -3,7 +3,7 @@ import torch
 
 from dlo.data import augment as aug
 
-EXPECT = "targets[perm]"
+EXPECT = "partner's label"
 
 
 def cutmix_batch(images, targets, alpha, generator=None):
