@@ -51,7 +51,7 @@ STILL_DICTATING: set[str] = {
 }
 
 #: Steps whose wrong-answer messages are checked here too (their corpus is run again: single-process checkers only).
-MESSAGE_STEPS: set[str] = {"experts/balance", "context/merge", "context/ring_step"}
+MESSAGE_STEPS: set[str] = {"experts/balance", "experts/routing", "context/merge", "context/ring_step"}
 
 CORPUS = Path(__file__).with_name("wrong_answers")
 STEPS = [f"{course}/{step}" for course, steps in catalog.steps().items() for step in steps]

@@ -127,6 +127,22 @@ def keep_mask(expert_index: torch.Tensor, num_experts: int, cap: int | None) -> 
     return (position < cap).reshape(expert_index.shape[1], -1).t()
 
 
+def top_k_routing(probs: torch.Tensor, top_k: int, cap: int | None = None,
+                  renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token-choice routing of one group: ``(expert_index [n, k], weights [n, k], keep [n, k])``.
+
+    Each token's ``k`` largest probabilities, in decreasing order; equal probabilities go to the lower expert
+    index first (a stable sort: the same answer on every run and every device). ``weights``: those
+    probabilities, renormalised to sum to 1 over the ``k`` choices (``renormalize=False``: as they are),
+    differentiable. ``keep``: which decisions fit in their expert's capacity ``cap`` (:func:`keep_mask`: every
+    first choice in token order, then every second choice ...; ``None``: all). The weights of the kept choices
+    are not renormalised again."""
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    index, top = order.indices[..., :top_k], order.values[..., :top_k]
+    weights = top / top.sum(-1, keepdim=True) if renormalize else top
+    return index, weights, keep_mask(index, probs.shape[-1], cap)
+
+
 def _check_experts(num_experts: int, top_k: int) -> None:
     if not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts must be a positive integer, got {num_experts!r}")
@@ -172,8 +188,7 @@ class MoEFeedForward(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(probs [n, E], expert_index [n, k], weights [n, k])`` of the tokens ``x [n, hidden]``."""
         probs = torch.softmax(self.router(x), dim=-1)
-        top, index = probs.topk(self.top_k, dim=-1)
-        weights = top / top.sum(-1, keepdim=True) if self.renormalize else top
+        index, weights, _ = top_k_routing(probs, self.top_k, None, self.renormalize)
         return probs, index, weights
 
     def _finish(self, probs_sum: torch.Tensor, counts: torch.Tensor, kept: torch.Tensor, dropped: int,
@@ -396,6 +411,6 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor:
 
 
 __all__ = [
-    "load_balancing_loss", "group_sizes", "capacity", "keep_mask", "MoEFeedForward", "experts_of",
+    "load_balancing_loss", "group_sizes", "capacity", "keep_mask", "top_k_routing", "MoEFeedForward", "experts_of",
     "ExpertParallelMoE", "sum_replicated_grads", "all_to_all_bytes", "moe_llama", "moe_aux_loss",
 ]

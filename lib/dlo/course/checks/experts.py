@@ -175,3 +175,117 @@ def _check_balance(load_balancing_loss: Callable) -> str:
                f"under torch.no_grad() (an evaluation pass) the loss is {float(got):.6g}, expected {want:.6g}")
     return ("E · Σ f_e · P_e with f over the n · k decisions of all k choices and P the mean probability: right for "
             "top-1, 2 and 3, E = 3 to 7, an unused expert, noisy decisions, a collapsed routing (= E), and its gradient")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Top-k routing with renormalisation and capacity
+# ----------------------------------------------------------------------------------------------------
+def _routing_probs(g: torch.Generator, n: int, e: int, dtype: torch.dtype, ties: bool) -> torch.Tensor:
+    logits = torch.randn(n, e, generator=g, dtype=torch.float64) * 1.5
+    logits[:, 0] += 1.0  # a favourite expert: capacities overflow, the priority order matters
+    probs = torch.softmax(logits, -1)
+    if ties:  # exact ties: uniform rows, and rows whose two best are equal
+        probs[0] = 1.0 / e
+        probs[1] = torch.tensor([0.3, 0.3] + [0.4 / (e - 2)] * (e - 2), dtype=torch.float64).flip(0)
+        probs[2, :] = probs[1]
+    return probs.to(dtype)
+
+
+def _keep_candidates(index: torch.Tensor, e: int, cap: int) -> list[tuple[torch.Tensor, str]]:
+    from dlo.parallel.experts import keep_mask
+
+    n, k = index.shape
+    flat = index.reshape(-1)  # token-major: token 0's choices, then token 1's ...
+    pos = (torch.nn.functional.one_hot(flat, e).cumsum(0) * torch.nn.functional.one_hot(flat, e)).sum(-1) - 1
+    right = keep_mask(index, e, cap)
+    return [
+        ((pos < cap).reshape(n, k), "the priority order is token by token (all of token 0's choices, then token 1's "
+                                    "...): every token's first choice must be served before any second choice"),
+        (keep_mask(index, e, cap + 1), f"an expert keeps one decision too many: it takes at most cap = {cap}"),
+        (keep_mask(index, e, cap - 1) if cap > 1 else torch.zeros_like(right),
+         f"an expert keeps one decision too few: it takes cap = {cap}"),
+        (torch.ones_like(right), "the capacity is not applied: decisions past an expert's capacity must be dropped"),
+        (right.all(-1, keepdim=True).expand(n, k), "whole tokens are dropped: the capacity drops decisions, one "
+                                                   "choice of a token can be kept while another is dropped"),
+        (keep_mask(index.flip(0), e, cap).flip(0), "the decisions are served from the last token: in token order, "
+                                                   "first tokens first"),
+    ]
+
+
+def _check_route(route_tokens: Callable, where: str, probs: torch.Tensor, k: int, cap: int | None) -> None:
+    from dlo.parallel.experts import top_k_routing
+
+    want_index, want_weights, want_keep = top_k_routing(probs.double(), k, cap)
+    leaf = probs.clone().requires_grad_()
+    try:
+        got = route_tokens(leaf, k, cap)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, IndexError, TypeError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckFailed(f"{where}: it raised {type(exc).__name__}: {first[:160]}") from None
+    expect(isinstance(got, tuple) and len(got) == 3, f"{where}: return (expert_index, weights, keep)")
+    index, weights, keep = got
+    n, e = probs.shape
+    expect(tuple(index.shape) == (n, k) and tuple(weights.shape) == (n, k) and tuple(keep.shape) == (n, k),
+           f"{where}: expert_index, weights and keep must each be [n, k] = [{n}, {k}], got {tuple(index.shape)}, "
+           f"{tuple(weights.shape)}, {tuple(keep.shape)}")
+    expect(not index.is_floating_point() and keep.dtype == torch.bool and weights.dtype == probs.dtype,
+           f"{where}: expert_index must hold integers, keep booleans, weights the probabilities' dtype {probs.dtype}")
+    expect(torch.equal(leaf.detach(), probs), f"{where}: do not modify probs in place")
+    index = index.long()
+    if not torch.equal(index, want_index):
+        same_sets = torch.equal(index.sort(-1).values, want_index.sort(-1).values)
+        tie_rows = (probs.double().gather(1, want_index).unsqueeze(-1) ==
+                    probs.double().unsqueeze(1)).sum((1, 2)) > k
+        differ = (index != want_index).any(-1)
+        expect(not bool((differ & ~tie_rows).any()) or not same_sets,
+               f"{where}: the k choices of a token are not in decreasing order of probability: the first choice is "
+               "the most probable expert (the capacity serves first choices first)")
+        expect(bool((differ & ~tie_rows).any()), f"{where}: equal probabilities are not broken the stated way: among "
+                                                 "equal probabilities the lower expert index comes first")
+        raise CheckFailed(f"{where}: the chosen experts are not the k most probable ones of each token")
+    if not torch.allclose(weights.detach().double(), want_weights, rtol=1e-6, atol=1e-9):
+        top = probs.double().gather(1, want_index)
+        kept_top = top * keep.double()
+        candidates = [
+            (top, "the weights are not renormalised: the k weights of a token must sum to 1"),
+            (torch.softmax(top, -1), "the weights are a softmax of the top-k probabilities, not their renormalisation: "
+                                     "each weight must keep its probability's proportion to the others"),
+            (kept_top / kept_top.sum(-1, keepdim=True).clamp_min(1e-300),
+             "the weights are renormalised again over the kept choices: the capacity drops decisions, it does not "
+             "change the weights of those kept"),
+        ]
+        for wrong, why in candidates:
+            expect(not torch.allclose(weights.detach().double(), wrong, rtol=1e-6, atol=1e-9), f"{where}: {why}")
+        raise CheckFailed(f"{where}: the weights differ from the renormalised top-k probabilities by "
+                          f"{float((weights.detach().double() - want_weights).abs().max()):.3g}")
+    expect(weights.requires_grad and weights.grad_fn is not None,
+           f"{where}: the weights do not depend on probs any more (detached or rebuilt): the router learns through them")
+    if not torch.equal(keep, want_keep):
+        for wrong, why in _keep_candidates(want_index, e, cap) if cap is not None else []:
+            expect(not torch.equal(keep, wrong), f"{where}: {why}")
+        raise CheckFailed(f"{where}: {int((keep != want_keep).sum())} decisions kept or dropped differently from the "
+                          "stated rule")
+
+
+#: (where, tokens, experts, k, capacity, dtype, ties)
+ROUTING_CASES = [
+    ("top-2 of 5 experts, 7 tokens, no capacity, float64", 7, 5, 2, None, torch.float64, False),
+    ("top-2 of 6 experts, 11 tokens, capacity 3, float64", 11, 6, 2, 3, torch.float64, False),
+    ("top-1 of 3 experts, 9 tokens, capacity 2, float32", 9, 3, 1, 2, torch.float32, False),
+    ("top-3 of 7 experts, 13 tokens, capacity 4, float64", 13, 7, 3, 4, torch.float64, False),
+    ("top-2 of 5 experts, 9 tokens with tied probabilities, capacity 3, float64", 9, 5, 2, 3, torch.float64, True),
+]
+
+
+@register("experts", "routing", ("route_tokens",), EXPERTS_NB)
+def _check_routing(route_tokens: Callable) -> str:
+    g = torch.Generator()
+    for seed in SEEDS:
+        g.manual_seed(seed)
+        for where, n, e, k, cap, dtype, ties in ROUTING_CASES:
+            _check_route(route_tokens, f"{where}, seed {seed}", _routing_probs(g, n, e, dtype, ties), k, cap)
+    return ("the k most probable experts in order, ties to the lower index, weights renormalised over the k choices "
+            "(differentiable), capacity by priority (first choices first, in token order): equal to the library's "
+            "top_k_routing on odd sizes, k = 1 to 3, with ties")

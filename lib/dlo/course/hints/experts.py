@@ -21,4 +21,22 @@ HINTS: dict[tuple[str, str], Hint] = {
         "average the router's probabilities over the tokens: one number per expert. Multiply the two per expert, "
         "add over the experts, scale by the number of experts. Keep the probabilities' dtype and the graph "
         "(no .item(), no detach on the probabilities)."),
+    ("experts", "routing"): _h(
+        "Route each token to its k most probable experts (most probable first, ties to the lower expert index), "
+        "with weights renormalised over those k choices, and mark which decisions fit in each expert's capacity, "
+        "first choices served before second ones, so that every expert runs a bounded, predictable batch.",
+        "A token's output mixes only its k experts, so their weights must sum to 1 while keeping the router's "
+        "proportions (and its gradient). An expert has a fixed number of slots; when too many decisions reach it, "
+        "which are dropped must be decided the same way everywhere: first choices matter more than second ones, so "
+        "every first choice queues before any second choice, and earlier tokens queue first. A stable order makes "
+        "ties (uniform rows, equal probabilities) give the same answer on every run and device.",
+        "torch.sort(..., descending=True, stable=True) (torch.topk does not promise an order among ties); "
+        "Tensor.sum(dim=-1, keepdim=True); torch.nn.functional.one_hot and Tensor.cumsum(0) to number each "
+        "decision in its expert's queue; Tensor.t() / reshape to walk the decisions choice by choice.",
+        "Rank each token's experts by decreasing probability, equal ones by increasing index, and keep the first k: "
+        "their indices and their probabilities. Divide the k probabilities by their sum per token. For the "
+        "capacity, list the decisions in priority order (all first choices in token order, then all second "
+        "choices ...), give each its place in its own expert's queue (how many earlier decisions in that order "
+        "chose the same expert), keep it when its place is below the capacity, and put the answers back in the "
+        "[n, k] layout. No capacity: keep everything."),
 }
