@@ -216,8 +216,9 @@ def test_records_errors(clean_env, tmp_path):
 # ---------------------------------------------------------------------------------------------- commands
 def test_build_launch_command_torchrun():
     cmd = build_launch_command("train.py", ["--epochs", 3], 4, None, environ={})
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert cmd[:3] == [sys.executable, "-m", "dlo.runtime.loopback"]  # torchrun, its stores on 127.0.0.1
     assert "--standalone" in cmd and cmd[cmd.index("--nproc-per-node") + 1] == "4"
+    assert cmd[cmd.index("--local-addr") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--tee") + 1] == "3"
     assert cmd[-3:] == ["train.py", "--epochs", "3"]
     assert "--log-dir" in build_launch_command("t.py", (), 2, False, {}, log_dir="/x")

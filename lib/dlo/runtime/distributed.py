@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 
 from dlo.runtime.device import pick_device
 from dlo.runtime.context import DistContext, dist_context
+from dlo.runtime.loopback import loopback_network
 from dlo.runtime.records import _install_failure_hook, note_failure
 
 
@@ -41,15 +41,6 @@ def _cuda_index(ctx: DistContext, dev: torch.device) -> int:
     return ctx.local_rank
 
 
-def _loopback_interface() -> str:
-    """The name of the loopback network interface ("lo" on Linux, "lo0" on macOS)."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):  # pragma: no cover - platforms without if_nameindex
-        names = []
-    return next((name for name in names if name.startswith("lo")), "lo")
-
-
 def _loopback_only(backend: str) -> None:
     """Make the backend of a group of one listen on 127.0.0.1 only.
 
@@ -57,10 +48,7 @@ def _loopback_only(backend: str) -> None:
     the whole network, for a group that no other process will ever join. ``GLOO_SOCKET_IFNAME`` /
     ``NCCL_SOCKET_IFNAME`` name the interface to use; one you set yourself is kept.
     """
-    lo = _loopback_interface()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-    if backend == "nccl":
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    loopback_network(os.environ, nccl=backend == "nccl")
 
 
 def init_distributed(backend: str | None = None, device: str | None = None, timeout_s: float = 600,
