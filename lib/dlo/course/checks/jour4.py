@@ -57,6 +57,9 @@ def _zero_mistakes(n: int, g: int, strategy: str) -> list[tuple[str, float]]:
     twelve_msg = ("you count 12 bytes per parameter: with bf16 mixed precision it is 16 bytes (2 of bf16 weights and 2 "
                   "of gradients on top of the 12 of fp32 master weights and Adam moments)")
     out = [(twelve_msg, twelve[strategy]), (twelve_msg, 12 * right[strategy] / 16)]
+    fp32_grads = {"ddp": 18 * n, "zero1": 6 * n + 12 * n / g, "zero2": 2 * n + 16 * n / g, "zero3": 18 * n / g}
+    out.append(("you count the gradients at 4 bytes (float32): with bf16 mixed precision they are bf16, 2 bytes "
+                "each (only the master weights and Adam moments are float32)", fp32_grads[strategy]))
     if strategy == "zero1":
         out.append(("zero1 shards the optimizer states only (12 bytes/param): the bf16 weights and gradients stay "
                     "whole on every GPU", 16 * n / g))

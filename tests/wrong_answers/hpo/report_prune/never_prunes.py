@@ -2,7 +2,7 @@
 import optuna
 import torch
 
-EXPECT = 'should_prune'
+EXPECT = 'after each report'
 
 
 def train_and_report(trial, trainer, epochs):

@@ -2,7 +2,7 @@
 import optuna
 import torch
 
-EXPECT = 'log=True'
+EXPECT = 'sample it on a log scale'
 
 
 def search_space(trial):
