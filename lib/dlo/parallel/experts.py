@@ -275,6 +275,33 @@ class _AllToAll(torch.autograd.Function):
                 None, None, None, None, None)
 
 
+def dispatch_combine(rows: torch.Tensor, expert: torch.Tensor, num_experts: int, run_local: Any,
+                     group: Any = None, comm: dict | None = None) -> torch.Tensor:
+    """Send each row to the rank holding its expert, run that rank's experts, and bring the results home.
+
+    ``rows``: ``[m, ...]``, this rank's rows (one per kept routing decision), in any order; ``expert``: ``[m]``, the
+    global expert of each row. ``run_local(received, local_expert)`` runs this rank's experts (:func:`experts_of`)
+    on the rows it received (``local_expert`` in ``0 .. E/ep - 1``) and returns one output row per row. Returns the
+    outputs ``[m, ...]`` in the order of ``rows``. Every rank makes the same three ``all_to_all_single`` calls
+    (counts, dispatch, combine), with empty tensors when it has nothing to send or receive; differentiable in
+    ``rows`` (the backward exchanges the gradients the other way)."""
+    ep, _ = _group_info(group)
+    per = len(experts_of(0, num_experts, ep))
+    order = torch.argsort(expert, stable=True)  # grouped by expert, hence by destination rank
+    send_counts = torch.bincount(expert, minlength=num_experts)  # [E]: to expert e (on rank e // per)
+    # 1. the counts: recv_counts[s, j] = rows rank s sends to my local expert j
+    recv_counts = _exchange(send_counts, [per] * ep, [per] * ep, group, comm, "counts").view(ep, per)
+    in_splits, out_splits = send_counts.view(ep, per).sum(1).tolist(), recv_counts.sum(1).tolist()
+    # 2. dispatch: the rows received come by source rank, each source's rows sorted by local expert
+    received = _AllToAll.apply(rows[order], out_splits, in_splits, group, comm, "tokens")
+    local_expert = torch.repeat_interleave(torch.arange(per, device=rows.device).repeat(ep), recv_counts.reshape(-1))
+    # 3. the local experts, then 4. combine: the results go home in the order they left, then unsorted
+    back = _AllToAll.apply(run_local(received, local_expert), in_splits, out_splits, group, comm, "tokens_back")
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return back[inverse]
+
+
 class ExpertParallelMoE(nn.Module):
     """The experts of ``reference`` (a :class:`MoEFeedForward`) split over the ranks of ``group`` (``None``: the
     default group, or one process without any): this rank keeps a copy of the router and experts
@@ -300,31 +327,22 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        n, e_all, per = x.shape[0], self.num_experts, len(self.local)
+        n, e_all = x.shape[0], self.num_experts
         probs, index, weights = self.route(x)
         cap = capacity(n, e_all, self.top_k, self.capacity_factor)
         keep = keep_mask(index, e_all, cap)
         token, choice = torch.nonzero(keep, as_tuple=True)
-        expert = index[token, choice]
-        order = torch.argsort(expert, stable=True)  # kept decisions sorted by expert, hence by destination rank
-        token, choice, expert = token[order], choice[order], expert[order]
-        send_counts = torch.bincount(expert, minlength=e_all)  # [E]: to expert e (on rank e // per)
-        # 1. the counts: recv_counts[s, j] = tokens rank s sends to my local expert j
-        recv_counts = _exchange(send_counts, [per] * self.ep, [per] * self.ep, self.group, self.comm, "counts")
-        recv_counts = recv_counts.view(self.ep, per)
-        in_splits = send_counts.view(self.ep, per).sum(1).tolist()
-        out_splits = recv_counts.sum(1).tolist()
-        # 2. dispatch: received rows come by source rank, each source's rows sorted by local expert
-        received = _AllToAll.apply(x[token], out_splits, in_splits, self.group, self.comm, "tokens")
-        local_expert = torch.repeat_interleave(torch.arange(per, device=x.device).repeat(self.ep),
-                                               recv_counts.reshape(-1))
-        # 3. every local expert on its rows (even none), written back in the received layout
-        y = torch.zeros_like(received)
-        for j, mlp in enumerate(self.experts):
-            rows = torch.nonzero(local_expert == j, as_tuple=True)[0]
-            y = y.index_copy(0, rows, mlp(received[rows]))
-        # 4. combine: the results go home in the order they left, then the weighted sum
-        back = _AllToAll.apply(y, in_splits, out_splits, self.group, self.comm, "tokens_back")
+        order = torch.argsort(index[token, choice], stable=True)  # by expert: the outputs are added in that order
+        token, choice = token[order], choice[order]
+
+        def run_local(received: torch.Tensor, local_expert: torch.Tensor) -> torch.Tensor:
+            y = torch.zeros_like(received)  # every local expert runs, even on no row: its gradient exists
+            for j, mlp in enumerate(self.experts):
+                rows = torch.nonzero(local_expert == j, as_tuple=True)[0]
+                y = y.index_copy(0, rows, mlp(received[rows]))
+            return y
+
+        back = dispatch_combine(x[token], index[token, choice], e_all, run_local, self.group, self.comm)
         out = torch.zeros_like(x).index_add(0, token, back * weights[token, choice].unsqueeze(-1))
         # 5. the whole batch's counts and mean probabilities, for the aux loss and the statistics
         probs_sum = probs.sum(0)
@@ -412,5 +430,5 @@ def moe_aux_loss(model: nn.Module) -> torch.Tensor:
 
 __all__ = [
     "load_balancing_loss", "group_sizes", "capacity", "keep_mask", "top_k_routing", "MoEFeedForward", "experts_of",
-    "ExpertParallelMoE", "sum_replicated_grads", "all_to_all_bytes", "moe_llama", "moe_aux_loss",
+    "dispatch_combine", "ExpertParallelMoE", "sum_replicated_grads", "all_to_all_bytes", "moe_llama", "moe_aux_loss",
 ]
