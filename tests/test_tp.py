@@ -157,7 +157,7 @@ def test_tp_checker_names_wrong_losses_from_their_models():
     """The tp/8 checker names a wrong vocab-parallel loss by recomputing the loss with each classic mistake:
     without a mistake its model is F.cross_entropy, and each mistake changes the value (so none is named
     for a right answer, and a wrong one is named for what it did)."""
-    from dlo.course.checks import tp_worker
+    from dlo.course.tp_cases import layers as tp_worker
 
     logits = torch.randn(2, 6, 10, generator=torch.Generator().manual_seed(7))
     labels = torch.tensor([[0, 9, 4, 5, -100, 5], [3, 7, 1, 8, 2, 6]])

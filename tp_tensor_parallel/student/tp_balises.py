@@ -58,15 +58,15 @@ class CopyToRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class ReduceFromRegion(torch.autograd.Function):
@@ -75,15 +75,15 @@ class ReduceFromRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, group):
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class GatherFromRegion(torch.autograd.Function):
@@ -92,15 +92,15 @@ class GatherFromRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 class ScatterToRegion(torch.autograd.Function):
@@ -109,15 +109,15 @@ class ScatterToRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
     @staticmethod
     def backward(ctx, grad):
-        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes.
+        # TODO: Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes.
         # (run `dlo hint tp 1` for a hint)
-        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as the class docstring describes. Run `dlo hint tp 1` for a hint.')
+        raise NotImplementedError('Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, gather, scatter), as each class docstring describes. Run `dlo hint tp 1` for a hint.')
 
 
 def copy_to_region(x, group=None):
@@ -194,9 +194,9 @@ class RowParallelLinear(nn.Module):
 # Balise 4 -- VocabParallelEmbedding: split the vocabulary
 # ===================================================================================================
 class VocabParallelEmbedding(nn.Module):
-    """Rank r keeps the rows [r*n, (r+1)*n) of the embedding table (n = vocab / tp). A token id outside that
-    range must give a row of zeros on this rank (mask it, look up a valid dummy row, zero it); the all-reduce
-    g then sums the ranks' answers, exactly one of which is non-zero."""
+    """Rank r keeps the rows [r*n, (r+1)*n) of the embedding table (n = vocab / tp). Every rank receives every
+    id, but can only answer for those in its range: the output must equal the full table's lookup, with any id
+    of the vocabulary (no index out of range on any rank)."""
 
     def __init__(self, full: nn.Embedding, group=None) -> None:
         super().__init__()
@@ -310,12 +310,9 @@ class TPLlama(nn.Module):
 def vocab_parallel_cross_entropy(local_logits: torch.Tensor, labels: torch.Tensor, group=None, *,
                                  ignore_index: int = -100) -> torch.Tensor:
     """Mean cross-entropy over the tokens whose label is not ``ignore_index``, equal to F.cross_entropy of
-    the full logits, from this rank's slice [..., V/tp] (vocabulary [r*V/tp, (r+1)*V/tp)).
-
-    loss_t = log(sum_v exp(z_v - m)) - (z_target - m), m = the global max over the vocabulary (all_reduce
-    with op=dist.ReduceOp.MAX of the detached local max: no gradient needed through it). Both sums over
-    the vocabulary are per-rank partial sums: add them up with reduce_from_region (one call on the stacked
-    pair) so that autograd sends the gradient back to every rank's logits. Compute in float32."""
+    the full logits, from this rank's slice [..., V/tp] (vocabulary [r*V/tp, (r+1)*V/tp)), without ever
+    building the full logits on one rank. It must stay finite for logits in the hundreds (float32), and its
+    gradient must reach every rank's logits. Compute in float32."""
     # TODO: Compute the cross-entropy from vocabulary-sharded logits without gathering them.
     # (run `dlo hint tp 8` for a hint)
     raise NotImplementedError('Compute the cross-entropy from vocabulary-sharded logits without gathering them. Run `dlo hint tp 8` for a hint.')
@@ -391,15 +388,15 @@ def reduce_over_dp(loss_sum: torch.Tensor, count: torch.Tensor, dp_group) -> flo
 # ===================================================================================================
 # Between a row-parallel layer and the next column-parallel one, TP keeps the WHOLE [batch, seq, hidden]
 # activation on every rank, and every rank computes the same RMSNorm and residual add on it. Sequence
-# parallelism (SP) gives each rank seq/tp contiguous tokens there (rank r: tokens [r*s/tp, (r+1)*s/tp)):
-# g (all-reduce) becomes a reduce-scatter along the sequence, f (identity) an all-gather along the sequence.
-# Use all_gather_along(t, group, dim=1, phase=...) and reduce_scatter_along(t, group, dim=1, phase=...):
-# dim 1 is the sequence; both raise a clear ValueError when tp does not divide it.
+# parallelism (SP) gives each rank seq/tp contiguous tokens there (rank r: tokens [r*s/tp, (r+1)*s/tp)), so
+# the two regions below replace f and g at the edges of the parallel layers. The collectives of
+# dlo.parallel.comm that work along a dimension (dim 1 is the sequence) count their traffic and raise a clear
+# ValueError when tp does not divide the sequence.
 
 class GatherFromSequenceRegion(torch.autograd.Function):
     """SP's "f", before a column-parallel layer: the layer needs every token, each rank holds seq/tp of them.
-    The backward: each rank's gradient of the whole sequence is a PARTIAL sum (it used its slice of the
-    weights); the gradient of this rank's tokens is the sum over the ranks, of its chunk only."""
+    The gradient that comes back covers the whole sequence and is partial on each rank (each used its slice of
+    the weights); what this rank's tokens need is their share of the total."""
 
     @staticmethod
     def forward(ctx, x, group):
@@ -416,9 +413,8 @@ class GatherFromSequenceRegion(torch.autograd.Function):
 
 
 class ReduceScatterToSequenceRegion(torch.autograd.Function):
-    """SP's "g", after a row-parallel layer: sum the ranks' partial outputs and keep this rank's tokens.
-    The backward: this rank holds the gradient of its tokens only; its partial output covered the whole
-    sequence, so it needs every rank's chunk of the gradient."""
+    """SP's "g", after a row-parallel layer: the ranks' partial outputs summed, this rank's tokens kept.
+    The gradient that comes back covers this rank's tokens only, while its input covered the whole sequence."""
 
     @staticmethod
     def forward(ctx, x, group):

@@ -3,9 +3,9 @@
 Each checker first calls the student's code in this process, without a process group (tp = 1: every
 primitive is the identity, every parallel layer must equal its full layer): that catches an unfinished
 balise at once. What only shows with real peers (slices, sums over the right group, gradients, how many
-all-reduces) is then checked by ONE 4-process gloo run of :mod:`dlo.course.checks.tp_worker`, which checks all
-balises at once (balise 12 also on a group of 3 of them); its answers are cached per script content, so the
-twelve checks of an unchanged file cost one launch.
+all-reduces) is then checked by ONE 4-process gloo run of :mod:`dlo.course.checks.tp_worker` (its cases are in
+:mod:`dlo.course.tp_cases`), which checks all balises at once (balise 12 also on a group of 3 of them); its
+answers are cached per script content, so the twelve checks of an unchanged file cost one launch.
 """
 from __future__ import annotations
 

@@ -7,65 +7,114 @@ HINTS: dict[tuple[str, str], Hint] = {
     # tensor parallel
     ("tp", "1"): _h(
         "Write the forward and the backward of the four tensor-parallel communication primitives (copy, reduce, "
-        "gather, scatter), as the class docstring describes.",
-        "Each primitive is an autograd function whose backward is the 'opposite' collective: identity <-> "
-        "all-reduce, all-gather <-> keep one's slice.",
-        "torch.autograd.Function, dlo.parallel.comm.all_reduce / all_gather with the group and a phase."),
+        "gather, scatter), as each class docstring describes.",
+        "A collective in the forward has a conjugate in the backward: if the forward hands every rank the same "
+        "tensor, the ranks' gradients of it are partial and must be summed; if the forward sums partials, the sum's "
+        "gradient reaches every partial unchanged; gathering and keeping one's slice are each other's gradient.",
+        "torch.autograd.Function with static forward/backward, ctx to carry the group; dlo.parallel.comm.all_reduce, "
+        "all_gather_last_dim, split_last_dim, each with the group and phase='forward' or 'backward'; backward "
+        "returns one gradient per forward input (None for the group).",
+        shape="For each primitive: what the forward returns from the input (itself, the group's sum, the ranks' "
+              "slices side by side, this rank's slice), then what the backward returns from the incoming gradient "
+              "-- the adjoint of the forward, with at most one collective in either direction."),
     ("tp", "2"): _h(
         "Split a linear layer by output features across the TP group (column parallel).",
-        "Each rank keeps a slice of the weight's rows (and bias); the input's gradient must be summed over ranks.",
-        "A cloned slice as nn.Parameter, copy_to_region on the input, optional gather_from_region on the output."),
+        "Each output feature depends on the whole input, so the output features can be shared out with no "
+        "communication forward; the input, used by every rank, gets its gradient as a sum over the ranks.",
+        "nn.Parameter of a cloned slice of full.weight / full.bias; F.linear; copy_to_region on the input, "
+        "gather_from_region on the output when gather_output.",
+        shape="At construction: this rank's share of the output features, taken from the full weight and bias and "
+              "owned by the layer. In forward: the input through f when asked, the local linear, then the "
+              "outputs put back side by side only when the caller wants them whole."),
     ("tp", "3"): _h(
         "Split a linear layer by input features across the TP group (row parallel).",
-        "Each rank computes a partial output from its slice of the input; the partials are summed, the bias is "
-        "added once.",
-        "A slice of the weight's columns, reduce_from_region, bias after the reduction."),
+        "A matrix product is a sum over the input features: each rank computes the part of the sum its features "
+        "give, and one all-reduce adds the parts; a bias added on every rank would be counted tp times.",
+        "A cloned column slice of full.weight as nn.Parameter, the whole bias cloned; F.linear without bias; "
+        "reduce_from_region.",
+        shape="At construction: this rank's share of the input features (of the weight), the bias whole. In "
+              "forward: the partial product of this rank's features, the sum over the group, then the bias once."),
     ("tp", "4"): _h(
         "Split the embedding table by vocabulary across the TP group.",
-        "A rank only knows its range of ids: the others give zero rows, and the sum over ranks rebuilds the lookup.",
-        "A mask of ids outside [start, end), shifted ids, F.embedding, reduce_from_region."),
+        "A rank can only look up the ids of its range; if it answers zero for the others, the sum over the ranks "
+        "is the lookup of the full table, exactly one rank contributing each row.",
+        "Boolean masks on the ids, F.embedding on ids shifted into the local range, masked_fill or a 0/1 "
+        "multiplication, reduce_from_region.",
+        shape="From the ids: which belong to this rank; a lookup in the local table that cannot go out of range "
+              "for the others; their rows made zero; then the sum over the group."),
     ("tp", "5"): _h(
         "Parallelise the SwiGLU MLP with one all-reduce in the forward and one in the backward.",
-        "Gate and up projections are column parallel, the down projection row parallel, so the hidden activations "
-        "never need communicating.",
-        "Your ColumnParallelLinear (with copy_input=False) and RowParallelLinear; copy_to_region once."),
+        "Gate and up split by output features and down by input features line up: each rank's hidden activations "
+        "are exactly the ones its slice of down needs, so nothing is exchanged in between.",
+        "Your ColumnParallelLinear (copy_input=False) and RowParallelLinear; copy_to_region once in forward.",
+        shape="Three parallel layers built from the full MLP's three; in forward the input passes f once, feeds "
+              "both column-parallel layers, their gated product feeds the row-parallel one, whose sum is the "
+              "output."),
     ("tp", "6"): _h(
         "Parallelise attention by heads, keeping grouped-query groups together, and refuse a split that does not "
         "divide the heads.",
-        "Each rank takes num_heads / tp query heads and num_kv_heads / tp K/V heads; the width of a rank's heads "
-        "is heads x head_dim, which need not equal hidden / tp.",
-        "Column-parallel q, k, v, row-parallel o; ValueError when tp does not divide the heads or K/V heads."),
+        "Heads are independent until the output projection: each rank can own whole heads (query heads and the "
+        "K/V heads they share), and the output projection sums the ranks' contributions like a row-parallel layer.",
+        "_divisible for both head counts; ColumnParallelLinear(copy_input=False) for q, k, v; RowParallelLinear for "
+        "o; view/transpose to [batch, heads, seq, head_dim]; apply_rotary; causal_attention.",
+        shape="Local head counts from the full ones and tp (with a clear error when they do not divide); in "
+              "forward: f once, the three projections cut into this rank's heads, rotary on q and k, attention, "
+              "the heads flattened back (their width is local heads x head_dim), the output projection."),
     ("tp", "7"): _h(
         "Assemble the whole tensor-parallel Llama from your parallel layers, keeping the model's parameter names.",
-        "Swap each layer for its parallel version in place; the logits and gradients must equal the single-process "
-        "model's.",
-        "Your VocabParallelEmbedding, ParallelAttention, ParallelSwiGLU and a column-parallel head."),
+        "The TP model is the same network with each layer replaced by its parallel version; keeping the names "
+        "lets the single-process model's weights and gradients be compared one by one.",
+        "VocabParallelEmbedding, TPDecoderBlock, copy.deepcopy of the final norm, ColumnParallelLinear for the "
+        "head (its weight shared with the embedding when cfg.tie_embeddings); rotary_cos_sin with cfg.head_dim.",
+        shape="At construction: the embedding, the blocks, the norm and the head, each built from the full model's "
+              "one (the head tied when the config ties it). For the local logits: embed, rotary tables for the "
+              "sequence, every block, the norm, the head -- the logits left split over the vocabulary."),
     ("tp", "8"): _h(
         "Compute the cross-entropy from vocabulary-sharded logits without gathering them.",
-        "Log-sum-exp needs the global max and sum, and the target logit lives on one rank: three small reductions.",
-        "reduce_from_region (so autograd reaches every rank) for the max-shifted sum of exponentials and the "
-        "target logit; ignore_index -100."),
+        "The loss needs only two numbers per token over the whole vocabulary -- the normalising sum and the "
+        "target's logit -- and both are sums of per-rank parts; shifting by a global maximum keeps exp finite.",
+        "dist.ReduceOp.MAX through dlo.parallel.comm.all_reduce (on a detached tensor); reduce_from_region for the "
+        "sums so that autograd reaches every rank; torch.gather or a one-hot mask; ignore_index -100.",
+        shape="Per token: the maximum over the group; the shifted logits; this rank's part of the sum of "
+              "exponentials and of the target logit (nothing where the label is not in its range); both summed "
+              "over the group; the per-token loss from them; the mean over the tokens that count."),
     ("tp", "9"): _h(
         "Build the tensor-parallel groups: contiguous blocks of ranks, every group created on every rank.",
-        "new_group is collective: all ranks must create every group, in the same order, and keep their own.",
-        "torch.distributed.new_group(ranks) in a loop; ValueError when tp does not divide the world size."),
+        "Consecutive ranks share a node, and TP talks at every layer, so its groups are contiguous; creating a "
+        "group is collective, so every rank takes part in every creation, in the same order.",
+        "torch.distributed.new_group(ranks); dist.get_rank, dist.get_world_size; ValueError.",
+        shape="First the lists of ranks (refusing a tp that does not divide the world); then one creation per "
+              "list on every rank, keeping the group that contains this rank."),
     ("tp", "10"): _h(
         "Build the data-parallel groups: ranks with the same TP position, strided across the TP blocks.",
-        "tp x dp must equal the world size; a DP group takes one rank from each TP block.",
-        "Strided lists of ranks, torch.distributed.new_group; ValueError naming the world size."),
+        "A DP group joins the ranks that hold the same slice of the model, one per TP block, so they are tp "
+        "apart; tp x dp must be the number of processes.",
+        "range with a step, or a reshaped torch.arange; torch.distributed.new_group; ValueError naming the world "
+        "size.",
+        shape="A check of the sizes against the world, then for each TP position the ranks at that position in "
+              "every block; created on every rank like the TP groups."),
     ("tp", "11"): _h(
         "Combine TP with DP: shard the data by DP rank, average gradients and metrics over the DP group only.",
-        "Ranks of one TP group see the same data; the DP group is where data differs and must be averaged.",
-        "DistributedSampler(num_replicas=dp_size, rank=dp_rank), all_reduce over the DP group."),
+        "Ranks of one TP group hold different slices of the same model and must see the same data; the DP "
+        "replicas see different data, so that is where gradients and metrics are averaged.",
+        "DistributedSampler(num_replicas=dp_size, rank=dp_rank); DataLoader; dlo.parallel.comm.all_reduce over "
+        "the DP group with phase='dp' or 'metrics'; group_size.",
+        shape="The loader: a sampler indexed by the DP coordinates. The gradients: summed over the DP group and "
+              "divided by its size. The metric: both sums over the DP group first, one division at the end."),
     ("tp", "12"): _h(
         "Write the two sequence-parallel regions: before a column-parallel layer, collect every rank's tokens; "
         "after a row-parallel layer, sum the partial outputs but keep only this rank's tokens -- each with the "
         "backward that matches, so that norms and residual adds run on seq/tp tokens per rank.",
-        "The sequence is split in tp contiguous chunks, rank r owning chunk r; the two regions are conjugate like f "
-        "and g: the gradient of a gather is a sum over the ranks kept per chunk, the gradient of a reduce-scatter is "
-        "gathered back. An all-reduce followed by a slice gives the same numbers but moves and keeps more.",
+        "Outside the parallel layers the activations are identical on every rank, so each rank can keep only its "
+        "contiguous chunk of the sequence; entering a layer needs the whole sequence, leaving it needs a sum of "
+        "partials. Like f and g, each region's backward is the adjoint of its forward, and a gradient always has "
+        "the shape of the input it belongs to.",
         "torch.autograd.Function; dlo.parallel.comm.all_gather_along and reduce_scatter_along with dim=1 (the "
-        "sequence), the group, and phase='forward' or 'backward'."),
+        "sequence), the group, and phase='forward' or 'backward'.",
+        shape="Entering: this rank's chunk in, the whole sequence out; its backward takes a gradient of the whole "
+              "sequence that is partial on each rank and returns this chunk's share of the total. Leaving: a "
+              "partial whole sequence in, this rank's chunk of the total out; its backward takes this chunk's "
+              "gradient and returns the whole sequence's."),
     # context parallelism
     ("context", "merge"): _h(
         "Combine the attention of the same queries over two disjoint key sets into the attention over their union, "
