@@ -73,11 +73,13 @@ def afab_step(pipe) -> None:
 # Exercise 3 -- 1F1B: one forward, one backward
 # ---------------------------------------------------------------------------------------------------
 def one_f_one_b_step(pipe) -> None:
-    """Warm-up: ``min(world_size - rank - 1, m)`` forwards (micro-batches 0, 1, ...). Steady state: for each
-    remaining micro-batch, its forward then the backward of the oldest micro-batch still waiting. Cool-down:
-    the backwards left. A stage then holds at most ``world_size - rank`` micro-batches of activations,
-    instead of all m with AFAB, for the same bubble. Write each forward and each backward as
-    receive-compute-send: the Pipe posts a forward's send together with the next backward's receive."""
+    """Run every micro-batch's forward and backward so that a stage starts a backward as soon as it can and
+    never holds more micro-batches' activations than it must: at most ``world_size - rank`` at once (the last stage
+    one), instead of all m with AFAB, for the same bubble. The order has three phases -- forwards only, then one
+    forward and one backward in turn (the backward of the oldest micro-batch still waiting), then the backwards
+    left; how long the first one is, on each rank, is for you to work out (draw 4 stages and 8 micro-batches).
+    Write each forward and each backward as receive-compute-send: the Pipe posts a forward's send together with
+    the next backward's receive."""
     # TODO: Schedule the micro-batches 1F1B: a warm-up of forwards, then one forward / one backward, then the remaining backwards, to bound the activations each stage keeps.
     # (run `dlo hint pipeline 1f1b` for a hint)
     raise NotImplementedError('Schedule the micro-batches 1F1B: a warm-up of forwards, then one forward / one backward, then the remaining backwards, to bound the activations each stage keeps. Run `dlo hint pipeline 1f1b` for a hint.')
@@ -87,17 +89,18 @@ def one_f_one_b_step(pipe) -> None:
 # Bonus 4 -- interleaved 1F1B (virtual stages)
 # ---------------------------------------------------------------------------------------------------
 def interleaved_step(pipe) -> None:
-    """Each rank holds ``v = len(pipe.chunks)`` chunks: rank r runs virtual stages r, r+p, r+2p, ...
-    Number this rank's m*v forwards k = 0, 1, ...: group ``k // (p*v)``, within it ``w = k % (p*v)``:
-    micro-batch ``group*p + w % p`` on chunk ``w // p``. Backward number k is the same micro-batch on chunk
-    ``v-1 - w // p``. Warm-up: all m*v forwards if m == p, else ``min(m*v, 2*(p - rank - 1) + (v-1)*p)``;
-    then one forward / one backward; then the remaining backwards. Pass ``chunk=`` to every Pipe call.
+    """Each rank holds ``v = len(pipe.chunks)`` chunks: rank r runs virtual stages r, r+p, r+2p, ... A
+    micro-batch goes through every virtual stage in order, so it visits each rank v times; the micro-batches
+    enter in groups of p (``pipe.micro_batches`` must be a multiple of p: say so with a ValueError otherwise),
+    and a group goes through one chunk before the next; backwards visit the chunks in reverse. As in 1F1B,
+    forwards first, then one forward / one backward in turn, then the backwards left -- the warm-up is longer
+    here (Megatron-LM's count: see the notebook). Pass ``chunk=`` to every Pipe call.
 
     Go **step by step**: a warm-up step is one forward, a steady step one forward *and* one backward, a
-    cool-down step one backward. In a step, first ask for every input (``recv_forward`` / ``recv_backward``),
-    then run the computes, then send the outputs: the Pipe posts a step's receives together with the
-    previous step's sends. (Receive-compute-send for each action alone deadlocks on NCCL here: the ranks
-    form a ring, the last one feeding rank 0's next chunk.)"""
+    cool-down step one backward. In a step, first ask for every input, then run the computes, then send the
+    outputs: the Pipe posts a step's receives together with the previous step's sends. (Receive-compute-send
+    for each action alone deadlocks on NCCL here: the ranks form a ring, the last one feeding rank 0's next
+    chunk.)"""
     # TODO: Schedule interleaved 1F1B: each rank holds several chunks, each micro-batch visits every rank several times, and a step's transfers go out together.
     # (run `dlo hint pipeline interleaved` for a hint)
     raise NotImplementedError("Schedule interleaved 1F1B: each rank holds several chunks, each micro-batch visits every rank several times, and a step's transfers go out together. Run `dlo hint pipeline interleaved` for a hint.")

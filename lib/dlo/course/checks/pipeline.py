@@ -192,6 +192,27 @@ def _actions(pipe: RecordingPipe) -> list[tuple[str, int]]:
     return [(k, mb) for k, mb, _ in pipe.actions]
 
 
+def _warmup(actions: list) -> int:
+    """How many forwards come before the first backward."""
+    return next((i for i, a in enumerate(actions) if a[0] == "B"), len(actions))
+
+
+def _order_problem(got: list, want: list, *, chunks: bool = False) -> str:
+    """What is wrong with a 1F1B-like order, in words: the warm-up length when it differs (and only then), else
+    the first action that differs and what the steady state or the cool-down expects there."""
+    if _warmup(got) != _warmup(want):
+        return (f"{_warmup(got)} forward(s) before the first backward, this stage needs {_warmup(want)}: the warm-up "
+                "depends on how far the stage is from the last one (the last stage needs none) and on how many "
+                "micro-batches there are")
+    first = next(i for i, (a, b) in enumerate(zip(got + [None] * len(want), want)) if a != b)
+    where = "cool-down" if all(a[0] == "B" for a in want[first:]) else "steady state"
+    seen = got[first] if first < len(got) else "nothing"
+    what = ("each micro-batch's backward visits the chunks in the reverse order of its forward; "
+            if chunks and where == "steady state" else "")
+    return (f"the warm-up is right, then action {first} ({where}) should be {want[first]}, got {seen}: {what}after "
+            "the warm-up each forward is followed by the backward of the oldest micro-batch still waiting")
+
+
 @register("pipeline", "naive", ("naive_step",), SCRIPT)
 def _check_naive(naive_step: Callable) -> str:
     for world in (2, 3, 4):
@@ -224,10 +245,7 @@ def _check_1f1b(one_f_one_b_step: Callable) -> str:
             want = one_f_one_b_actions(pipe.rank, world, m)
             got = _actions(pipe)
             if got != want:
-                first = next(i for i, (a, b) in enumerate(zip(got + [None] * len(want), want)) if a != b)
-                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}: action {first} should be {want[first]}, got "
-                                  f"{got[first] if first < len(got) else 'nothing'} (warm-up = min(world_size - rank - 1, m) "
-                                  f"= {min(world - pipe.rank - 1, m)} forwards)")
+                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}: " + _order_problem(got, want))
             expect(pipe.max_in_flight <= min(world - pipe.rank, m),
                     f"rank {pipe.rank}: {pipe.max_in_flight} micro-batches alive at once, 1F1B allows world_size - rank")
         _no_deadlock(one_f_one_b_step, world, m, hint="write each forward and each backward as receive, compute, "
@@ -242,8 +260,9 @@ def _check_interleaved(interleaved_step: Callable) -> str:
     for world, m, v in ((2, 4, 2), (3, 6, 2), (4, 8, 2), (2, 2, 3)):
         for pipe in _orders(interleaved_step, world, m, v):
             want = interleaved_actions(pipe.rank, world, m, v)
-            expect(pipe.actions == want, f"rank {pipe.rank} of {world}, m={m}, v={v}: expected the order "
-                                          f"{want[:6]}..., got {pipe.actions[:6]}...")
+            if pipe.actions != want:
+                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}, v={v}: "
+                                  + _order_problem(pipe.actions, want, chunks=True))
         _no_deadlock(interleaved_step, world, m, v, hint="go step by step: in a steady step ask for both inputs "
                                                           "(recv_forward and recv_backward) before the two computes, "
                                                           "and send both outputs after them")

@@ -1,7 +1,7 @@
 """The backward visits the chunks in forward order: a chunk's gradient comes from the chunk after it."""
 import torch
 
-EXPECT = 'expected the order'
+EXPECT = "reverse order"
 
 
 def interleaved_step(pipe):
