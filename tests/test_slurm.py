@@ -370,9 +370,16 @@ def _exercise(cmd: list[str], scratch: Path, bin_dir: Path, env: dict[str, str])
     return f"no check for {word}"
 
 
+@pytest.fixture(scope="module")
+def sbatch_cache(tmp_path_factory):
+    """One cache of the stand-in sbatch for every documented command: scripts' --help texts, and the notebook dry
+    runs that passed (the same submissions appear in several documents)."""
+    return tmp_path_factory.mktemp("fake-sbatch-cache")
+
+
 @needs_bash
 @pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda p: str(p.relative_to(paths.ROOT)))
-def test_documented_commands_work(doc, tmp_path, monkeypatch):
+def test_documented_commands_work(doc, tmp_path, monkeypatch, sbatch_cache):
     """Each command a reader may copy, run in order in a copy of the checkout without runs/ (as a fresh clone):
     files it names exist, options exist, notebook parameters exist with the right types, and every sbatch line
     would be accepted (a stand-in sbatch checks the job script, its log folder, the notebook or script and its
@@ -391,9 +398,8 @@ def test_documented_commands_work(doc, tmp_path, monkeypatch):
     (bin_dir / "sbatch").write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SBATCH}" "$@"\n')
     (bin_dir / "sbatch").chmod(0o755)
     runs = tmp_path / "dry-runs"
-    (tmp_path / "help").mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "DLO_RUNS_DIR": str(runs),
-           "FAKE_SBATCH_CACHE": str(tmp_path / "help")}
+           "FAKE_SBATCH_CACHE": str(sbatch_cache)}
     monkeypatch.setattr(runner, "RUNS_DIR", runs)
     monkeypatch.chdir(scratch)
     failures = []
