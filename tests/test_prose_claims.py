@@ -237,7 +237,8 @@ def test_a_negligible_wait_keeps_the_cheapest_and_says_no_difference():
 
 def test_a_real_wait_keeps_the_cheapest_setting_that_is_not_slower():
     cost = {"workers=0": (0, 0), "workers=1, prefetch=2": (1, 2), "workers=2, prefetch=2": (2, 2)}
-    ms = {"workers=0": _m("a", 0.300), "workers=1, prefetch=2": _m("b", 0.1005), "workers=2, prefetch=2": _m("c", 0.100)}
+    ms = {"workers=0": _m("a", 0.300), "workers=1, prefetch=2": _m("b", 0.1005),
+          "workers=2, prefetch=2": _m("c", 0.100)}
     kept, s = keep_sentence(ms, cost, wait_fraction=0.6)
     assert kept == "workers=1, prefetch=2" and "workers=0: slower" in s
     ms["workers=1, prefetch=2"] = _m("b", 0.150)

@@ -41,12 +41,13 @@ def accumulation_sentence(rows: Sequence[Mapping[str, Any]]) -> str:
     k = many["accum_steps"]
     s1, sk = one["saved_MiB"], many["saved_MiB"]
     if sk < s1:
-        out = (f"Counted: one micro-batch at accum_steps={k} keeps {sk:.3g} MiB of tensors for its backward, "
-               f"the whole batch at accum_steps={one['accum_steps']} {s1:.3g} MiB ({s1 / sk:.2g}x more): that is what "
+        out = (f"Counted: one micro-batch at accum_steps={k} keeps {sk:.3g} MiB of tensors for its backward, the "
+               f"whole batch at accum_steps={one['accum_steps']} {s1:.3g} MiB ({s1 / sk:.2g}x more): that is what "
                f"accumulation saves.")
     else:
-        out = (f"Counted: one micro-batch at accum_steps={k} keeps {sk:.3g} MiB of tensors for its backward, no less "
-               f"than the whole batch at accum_steps={one['accum_steps']} ({s1:.3g} MiB): accumulation saved nothing here.")
+        out = (f"Counted: one micro-batch at accum_steps={k} keeps {sk:.3g} MiB of tensors for its backward, "
+               f"no less than the whole batch at accum_steps={one['accum_steps']} ({s1:.3g} MiB): accumulation saved "
+               f"nothing here.")
     p1, pk = one["peak_MiB"], many["peak_MiB"]
     kind = one.get("memory_kind", "peak")
     readings = f"{min(pk):.0f}-{max(pk):.0f} MiB against {min(p1):.0f}-{max(p1):.0f} MiB over the repeats"

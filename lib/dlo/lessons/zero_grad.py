@@ -14,6 +14,7 @@ import torch
 
 from dlo.measure import bench
 from dlo.measure.bench import Measurement
+from dlo.measure.decide import pair_decider
 
 
 class _ZeroGradCall:
@@ -48,8 +49,6 @@ def time_zero_grad(optimizer: torch.optim.Optimizer, *, device: torch.device | s
                    progress: bool = False) -> dict[bool, Measurement]:
     """``{set_to_none: Measurement}`` of one ``optimizer.zero_grad(set_to_none=...)`` call, both settings timed
     interleaved, each call on freshly restored gradients (restored outside the timed region)."""
-    from dlo.measure.decide import pair_decider
-
     calls = {flag: _ZeroGradCall(optimizer, flag) for flag in (False, True)}
     names = {flag: f"zero_grad(set_to_none={flag})" for flag in calls}
     cands = [bench.Candidate(names[flag], call, 1, device) for flag, call in calls.items()]

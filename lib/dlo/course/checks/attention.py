@@ -101,7 +101,8 @@ def _call(choose: Callable, case: SDPACase, where: str) -> tuple[list[SDPBackend
     backends, reasons = result
     expect(isinstance(backends, (list, tuple)) and all(isinstance(b, SDPBackend) for b in backends),
            f"{where}: the backends must be a list of torch.nn.attention.SDPBackend members, got {backends!r}")
-    expect(isinstance(reasons, dict), f"{where}: reasons must be a dict SDPBackend -> str, got {type(reasons).__name__}")
+    expect(isinstance(reasons, dict),
+           f"{where}: reasons must be a dict SDPBackend -> str, got {type(reasons).__name__}")
     return list(backends), reasons
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dlo.measure import bench
 from dlo.measure.bench import Measurement
+from dlo.measure.decide import decide
 
 
 class _Feed:
@@ -58,8 +59,6 @@ def keep_sentence(ms: Mapping[str, Measurement], cost: Mapping[str, Sequence[flo
     The fastest by median is the reference; every cheaper setting is decided against it; the cheapest one that
     is not slower beyond the noise is kept. When the loop waited at most ``negligible_wait`` of its time, the
     loader could not have made a difference: the sentence says so whatever the timings say."""
-    from dlo.measure.decide import decide
-
     labels = sorted(ms, key=lambda k: tuple(cost[k]))
     fastest = max(ms, key=lambda k: ms[k].throughput)
     verdicts = {k: ("reference" if k == fastest else decide(ms[k], ms[fastest]).outcome) for k in labels}
