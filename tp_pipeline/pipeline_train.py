@@ -5,12 +5,12 @@ stage the final norm, the LM head and the loss). A micro-batch's activations tra
 stage, its activation gradients travel back. *Which* stage computes *what, when* is the schedule, and
 that is what you write here, with the building blocks of ``dlo.parallel.pipeline.Pipe``:
 
-    x = pipe.recv_forward(mb)           # the input of micro-batch mb (token ids on stage 0)
-    y = pipe.forward_compute(mb, x)     # run this stage; the loss / m on the last stage
-    pipe.send_forward(mb, y)            # to the next stage (no-op on the last stage)
-    g = pipe.recv_backward(mb)          # dL/dy from the next stage (None on the last stage)
-    dx = pipe.backward_compute(mb, g)   # backward through this stage, gradients accumulate in .grad
-    pipe.send_backward(mb, dx)          # dL/dx to the previous stage (no-op on stage 0)
+    pipe.recv_forward(mb)               # -> the input of micro-batch mb (token ids on stage 0)
+    pipe.forward_compute(mb, inputs)    # -> this stage's output; the loss / m on the last stage
+    pipe.send_forward(mb, output)       # to the next stage (no-op on the last stage)
+    pipe.recv_backward(mb)              # -> dL/d(output) from the next stage (None on the last stage)
+    pipe.backward_compute(mb, grad)     # -> dL/d(inputs); gradients accumulate in the parameters' .grad
+    pipe.send_backward(mb, input_grad)  # to the previous stage (no-op on stage 0)
 
 (each takes an optional ``chunk=`` for the interleaved bonus). ``pipe.rank``, ``pipe.world_size`` (the
 number of stages) and ``pipe.micro_batches`` are all a schedule needs to know. A send or a receive only

@@ -211,7 +211,7 @@ class VocabParallelEmbedding(nn.Module):
         _divisible("vocab_size", full.num_embeddings, tp, "VocabParallelEmbedding")
         n = full.num_embeddings // tp
         self.vocab_start, self.vocab_end = r * n, (r + 1) * n
-        self.weight = nn.Parameter(full.weight.detach()[r * n:(r + 1) * n].clone())
+        self.weight = nn.Parameter(full.weight.detach()[self.vocab_start:self.vocab_end].clone())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         # BEGIN SOLUTION: outside = ids out of [vocab_start, vocab_end); local = (ids - vocab_start) with 0 where outside; F.embedding, zero the outside rows, reduce_from_region
