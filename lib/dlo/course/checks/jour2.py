@@ -76,4 +76,4 @@ def _check_budget(workers_per_rank: Callable) -> str:
     return "cores split between ranks, one kept per rank for its training loop"
 
 
-from dlo.course.checks import augment as _augment  # noqa: E402,F401 -- registers the augment steps
+from . import augment as _augment  # noqa: E402,F401 -- registers the augment steps
