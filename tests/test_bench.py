@@ -322,7 +322,7 @@ def test_candidates_are_timed_interleaved():
     ms = bench.measure_interleaved(
         [bench.Candidate("A", scripted([1.0] * 10, log, "A"), 4), bench.Candidate("B", scripted([2.0] * 10, log, "B"), 4)],
         repeats=4, warmup=2, timer=run, track_memory=False, progress=False)
-    assert log == ["A", "A", "B", "B"] + ["A", "B"] * 4  # warm-ups, then A B A B ..., not AAAA BBBB
+    assert log == ["A", "A", "B", "B"] + ["A", "B", "B", "A"] * 2  # warm-ups, then A B, B A ..., not AAAA BBBB
     assert list(ms) == ["A", "B"]
     assert ms["A"].times_s == [1.0] * 4 and ms["B"].times_s == [2.0] * 4 and ms["A"].warmup == 2
     with pytest.raises(ValueError, match="must differ"):
@@ -349,7 +349,8 @@ def test_interleaving_shares_a_drift_between_the_candidates():
     ms = bench.measure_interleaved({"A": same_work, "B": same_work}, **opts)
     assert ms["A"].times_s == ms["B"].times_s == [1.0] * 5 + [1.15] * 5
     assert verdicts.compare_sentence(ms["A"], ms["B"]) == (
-        "A against B: no measurable difference on this machine (within the noise: 0.93 vs 0.93 img/s, medians).")
+        "A against B: no measurable difference on this machine (within the noise: 0.93 vs 0.93 img/s, medians; "
+        "98% interval 1x-1x over 10 interleaved rounds, within 5% of 1).")
 
 
 @pytest.mark.parametrize("ratio, text", [(34.9, "35x"), (3.64, "3.6x"), (0.2, "0.20x"), (0.0123, "0.012x"),
@@ -360,8 +361,9 @@ def test_format_ratio_keeps_two_significant_digits(ratio, text):
 
 
 def tight(name, seconds, items=8, steady=True):
-    """A steady measurement whose repeats are within +-1 % of ``seconds``."""
-    return bench.Measurement(name=name, times_s=[seconds * f for f in (0.99, 1.0, 1.01, 0.995, 1.005)],
+    """A steady measurement whose repeats are within +-1 % of ``seconds`` (the same jitter in every one of them:
+    measurements timed together, round by round)."""
+    return bench.Measurement(name=name, times_s=[seconds * f for f in (0.99, 1.0, 1.01, 0.995, 1.005, 1.0, 0.99, 1.01)],
                              items_per_call=items, steady=steady)
 
 
@@ -369,13 +371,16 @@ def test_compare_sentence_says_what_was_measured():
     fast, slow = tight("no .item()", 8 / 53.8), tight(".item() every step", 8 / 15.0)
     assert verdicts.compare_sentence(fast, slow) == (
         "no .item() is 3.6x faster than .item() every step on this machine (53.8 vs 15 img/s, medians; "
-        "the noise bands do not overlap).")
+        "beyond the noise: 98% interval 3.59x-3.59x over 8 interleaved rounds).")
     assert verdicts.compare_sentence(slow, fast).startswith(".item() every step is slower than no .item() on this "
                                                          "machine: 0.28x its throughput")
-    close_a = bench.Measurement(name="a", times_s=[1.0, 1.1, 1.2, 1.05, 1.15], items_per_call=1)
-    close_b = bench.Measurement(name="b", times_s=[0.95, 1.0, 1.1, 1.05, 1.02], items_per_call=1)
+    close_a = bench.Measurement(name="a", times_s=[1.0, 1.1, 1.2, 1.05, 1.15, 1.0, 1.1, 1.2], items_per_call=1)
+    close_b = bench.Measurement(name="b", times_s=[0.95, 1.0, 1.1, 1.05, 1.02, 1.1, 1.2, 1.0], items_per_call=1)
     assert verdicts.compare_sentence(close_b, close_a) == (
-        "b against a: no measurable difference on this machine (within the noise: 0.98 vs 0.909 img/s, medians).")
+        "b against a: undecided on this machine (0.966 vs 0.909 img/s, medians; 98% interval 0.913x-1.16x over 8 "
+        "interleaved rounds: not clear within the repeats allowed), so no ratio is given.")
+    few, other = (bench.Measurement(name=n, times_s=[t] * 5, items_per_call=1) for n, t in (("few", 0.5), ("other", 1)))
+    assert "5 and 5 repeats are too few" in verdicts.compare_sentence(few, other)  # 2x in 5 of 5 rounds: p = 1/32
     # records (as read back from results.json) give the same sentence as the measurements
     assert verdicts.compare_sentence(fast.to_record(), slow.to_record()) == verdicts.compare_sentence(fast, slow)
 

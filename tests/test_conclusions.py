@@ -54,6 +54,8 @@ def test_every_recorded_conclusion_matches_its_numbers(path):
         pytest.skip("no results.json with conclusions under runs/ or $DLO_RUNS_DIR yet: run a notebook first")
     results = load_json(path)  # a file that is not JSON (a run killed while writing it) fails here, naming it
     assert results["conclusions"], f"{path}: an empty list of conclusions"
+    if not any("rule" in c for c in results["conclusions"]):
+        pytest.skip(f"{path} was written before the decision rule of dlo.measure.decide: run its notebook again")
     assert check_conclusions(results) == []
 
 
@@ -78,8 +80,8 @@ def test_a_truncated_results_json_fails_naming_it_instead_of_being_skipped(tmp_p
 
 def tight(name, seconds, items=8):
     """A steady measurement of ``seconds`` per call with a narrow noise band."""
-    return Measurement(name=name, times_s=[seconds * f for f in (0.99, 1.0, 1.0, 1.01, 1.0)], items_per_call=items,
-                       steady=True)
+    return Measurement(name=name, times_s=[seconds * f for f in (0.99, 1.0, 1.0, 1.01, 1.0, 0.99, 1.01, 1.0)],
+                       items_per_call=items, steady=True)
 
 
 def test_no_difference_said_of_15_vs_53_8_img_s_is_caught(tmp_path):
@@ -100,8 +102,11 @@ def test_costs_almost_nothing_said_of_28_2_vs_3_9_s_epochs_is_caught(tmp_path):
     """Jour 2's augment notebook once said mixing "costs almost nothing per step" while its epochs took
     28.2 s with mixing and 3.9 s without."""
     images = 1024
-    mixing = epoch_measurement("MixUp/CutMix", _epochs([31.0, 28.2, 28.0, 28.4]), images)
-    plain = epoch_measurement("no mixing", _epochs([6.0, 3.9, 3.95, 3.85]), images)
+    mixing = epoch_measurement("MixUp/CutMix", _epochs([31.0, 28.2, 28.0, 28.4, 28.1, 28.3, 28.2, 28.5, 28.0]), images)
+    plain = epoch_measurement("no mixing", _epochs([6.0, 3.9, 3.95, 3.85, 3.9, 3.92, 3.88, 3.9, 3.91]), images)
+    # three epochs a side cannot decide anything at a 1 % false-positive rate, whatever the gap: said so
+    assert "too few" in compare_sentence(epoch_measurement("m", _epochs([31.0, 28.2, 28.0, 28.4]), images),
+                                         epoch_measurement("p", _epochs([6.0, 3.9, 3.95, 3.85]), images))
     said = compare_sentence(mixing, plain, a_label="An epoch with MixUp/CutMix", b_label="an epoch without mixing")
     assert said.startswith("An epoch with MixUp/CutMix is slower than an epoch without mixing on this machine: 0.14x")
     old = {"conclusions": [{"kind": "compare", "a": mixing.to_record(), "b": plain.to_record(),
@@ -115,9 +120,13 @@ def test_costs_almost_nothing_said_of_28_2_vs_3_9_s_epochs_is_caught(tmp_path):
 
 
 def test_epochs_within_the_noise_give_a_hedged_sentence():
-    a = epoch_measurement("A", _epochs([9.0, 4.0, 4.4, 3.8, 4.2]), 512)
-    b = epoch_measurement("B", _epochs([9.0, 4.1, 4.3, 3.9, 4.0]), 512)
-    assert "no measurable difference on this machine" in compare_sentence(a, b)
+    a = epoch_measurement("A", _epochs([9.0, 4.0, 4.4, 3.8, 4.2, 4.6, 3.7, 4.3, 3.9]), 512)
+    b = epoch_measurement("B", _epochs([9.0, 4.1, 4.3, 3.9, 4.0, 4.0, 4.2, 4.1, 4.0]), 512)
+    said = compare_sentence(a, b)
+    assert "A against B: undecided on this machine" in said and said.endswith("so no ratio is given.")
+    same = epoch_measurement("A", _epochs([9.0, 4.0, 4.04, 3.98, 4.02, 4.01, 4.0, 4.03, 3.99]), 512)
+    steady_b = epoch_measurement("B", _epochs([9.0, 4.01, 4.03, 3.99, 4.0, 4.02, 4.01, 4.0, 4.02]), 512)
+    assert "no measurable difference on this machine" in compare_sentence(same, steady_b)
 
 
 def test_epoch_measurement_leaves_the_first_epoch_out_and_needs_two_timed_epochs():

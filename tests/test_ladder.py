@@ -6,7 +6,7 @@ from dlo.measure.verdicts import Ladder
 
 
 def m(name, seconds, items=10):
-    return Measurement(name=name, times_s=[seconds] * 3, items_per_call=items)
+    return Measurement(name=name, times_s=[seconds] * 8, items_per_call=items)
 
 
 def test_keep_only_what_helps():
@@ -19,10 +19,11 @@ def test_keep_only_what_helps():
     assert lad.current == {"dtype": None, "channels_last": True}
     assert lad.best()["step"] == "channels_last"
     s = lad.summary()
-    assert s["final_step"] == "channels_last" and s["final_speedup"] == pytest.approx(2.0)
-    assert s["steps_not_kept"] == ["bf16"]
-    df = lad.table()
-    assert list(df["speedup"].round(3)[[0, 2, 3]]) == [1.0, 0.1, 2.0]
+    # recorded rows were not timed together with the baseline: no headline ratio without final_comparison
+    assert s["final_step"] == "channels_last" and s["final_speedup"] is None and s["final_decision"] == "undecided"
+    assert s["steps_not_kept"] == ["bf16"] and s["final_status"] == "decided"
+    df = lad.table()  # each ratio against the reference it was decided against (the best so far)
+    assert list(df["speedup"].round(3)[[2, 3]]) == [0.1, 2.0] and df["speedup_text"][0] == "reference"
 
 
 def test_not_applicable_needs_a_reason_and_empty_summary_fails():
@@ -44,7 +45,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
-from dlo.measure import bench, plots  # noqa: E402
+from dlo.measure import bench, plots, verdicts  # noqa: E402
 
 
 def run(fn):
@@ -55,27 +56,33 @@ def times(name, seconds, items=10, steady=None):
     return Measurement(name=name, times_s=list(seconds), items_per_call=items, steady=steady)
 
 
-def test_a_step_inside_the_noise_is_not_kept():
-    """The issue's bf16 step: 5 % faster at the median, but well inside the baseline's own noise."""
+def test_a_step_inside_the_noise_is_undecided_and_not_kept():
+    """The issue's bf16 step: 5 % faster at the median, but well inside the baseline's own noise: the rule cannot
+    tell from these rounds, so it says "undecided" -- not kept, no ratio, and no "no step beat the baseline"."""
     lad = Ladder(dtype=None)
-    lad.record("baseline", times("baseline", [2.0, 2.2, 2.4, 2.1, 2.3]))
-    row = lad.record("bf16", times("bf16", [2.0, 2.1, 2.3, 2.15, 2.05]), dtype="bf16")  # median 2.1 vs 2.2
-    assert row["vs_best"] == pytest.approx(2.2 / 2.1)
-    assert not row["kept"] and row["decision"] == "not faster beyond noise"
+    lad.record("baseline", times("baseline", [2.0, 2.2, 2.4, 2.1, 2.3, 2.2, 2.1, 2.3]))
+    row = lad.record("bf16", times("bf16", [2.0, 2.1, 2.3, 2.15, 2.05, 2.3, 2.2, 2.1]), dtype="bf16")
+    assert row["vs_best"] is None and row["ratio_low"] < 1 < row["ratio_high"]
+    assert not row["kept"] and row["decision"] == "undecided: not kept"
     assert lad.current == {"dtype": None} and lad.best()["step"] == "baseline"
-    assert lad.summary()["final_speedup"] == 1.0
-    # a step whose slow quartile still beats the baseline's fast quartile (2.1 s) is beyond the noise: kept
-    row = lad.record("bf16 tight", times("bf16 tight", [1.89, 1.9, 1.91, 1.9, 1.9]), dtype="bf16")
-    assert row["kept"] and row["decision"] == "kept"
+    s = lad.summary()
+    assert s["final_speedup"] is None and s["final_status"] == "undecided" and s["undecided_steps"] == ["bf16"]
+    assert s["final_sentence"].startswith("No step was decided faster than the baseline (baseline)")
+    assert list(lad.table()["speedup_text"]) == ["reference", "undecided"]
+    # 10 % faster in every round (the same noise in both: timed together): kept
+    base = [2.0, 2.2, 2.4, 2.1, 2.3, 2.2, 2.1, 2.3]
+    row = lad.record("bf16 tight", times("bf16 tight", [t / 1.1 for t in base]), dtype="bf16")
+    assert row["kept"] and row["decision"] == "kept" and row["vs_best"] == pytest.approx(1.1)
 
 
 def test_unsteady_measurements_decide_nothing():
     lad = Ladder()
-    lad.record("baseline", times("baseline", [1.0] * 5))
-    row = lad.record("compile", times("compile", [0.5] * 5, steady=False))
+    lad.record("baseline", times("baseline", [1.0] * 8))
+    row = lad.record("compile", times("compile", [0.5] * 8, steady=False))
     assert not row["kept"] and row["decision"] == "not steady: not kept"
     assert row["note"] == "the warm-up of compile did not reach steady timings"
-    assert row["vs_best"] is None and list(lad.table()["vs_best_text"]) == ["", "no ratio: not steady"]
+    assert row["vs_best"] is None and list(lad.table()["vs_best_text"]) == ["reference", "unsteady"]
+    assert list(lad.table()["flag"]) == ["", "unsteady"] and lad.summary()["final_speedup"] is None
 
 
 def test_try_step_times_the_candidate_interleaved_with_the_best():
@@ -90,23 +97,23 @@ def test_try_step_times_the_candidate_interleaved_with_the_best():
         return call
 
     lad = Ladder(layout="nchw")
-    opts = dict(items_per_call=10, repeats=3, warmup=1, timer=run, track_memory=False, progress=False)
+    opts = dict(items_per_call=10, repeats=7, warmup=1, timer=run, track_memory=False, progress=False)
     lad.try_step("baseline", config("base", 1.0), **opts)
-    assert log == ["base"] * 4
+    assert log == ["base"] * 8
     slow_machine_base, slow_machine_new = config("base", 2.0), config("new", 2.0 / 1.5)
     lad._calls["baseline"].call = slow_machine_base  # the same configuration, on a busier machine
     log.clear()
     row = lad.try_step("channels_last", slow_machine_new, config={"layout": "nhwc"}, **opts)
-    assert log == ["base", "new"] + ["base", "new"] * 3  # warm-ups, then interleaved
-    assert row["reference"]["times_s"] == [2.0] * 3 and row["best_step"] == "baseline"
+    assert log == ["base", "new"] + ["base", "new", "new", "base"] * 3 + ["base", "new"]  # warm-ups, then A B, B A
+    assert row["reference"]["times_s"] == [2.0] * 7 and row["best_step"] == "baseline"
     assert row["kept"] and row["vs_best"] == pytest.approx(1.5) and lad.current == {"layout": "nhwc"}
     assert row["conclusion"].startswith("channels_last is 1.5x faster than baseline on this machine")
     with pytest.raises(ValueError, match="already in the ladder"):
         lad.try_step("channels_last", slow_machine_new, **opts)
     # the headline: baseline and final configuration timed again, together
     log.clear()
-    final = lad.final_comparison(repeats=2, warmup=0, timer=run)
-    assert log == ["base", "new"] * 2
+    final = lad.final_comparison(repeats=7, warmup=0, timer=run)
+    assert log == ["base", "new", "new", "base"] * 3 + ["base", "new"]
     assert final["final"].throughput / final["baseline"].throughput == pytest.approx(1.5)
     s = lad.summary()
     assert s["final_speedup"] == pytest.approx(1.5)
@@ -127,13 +134,13 @@ def test_no_headline_speedup_from_an_unsteady_baseline():
     assert s["final_sentence"].startswith("No ratio reported: the repeats of 0 baseline: CPU fp32 spread over")
     df = lad.table()
     assert df["speedup"].isna().all()
-    assert list(df["speedup_text"]) == ["no ratio: baseline not steady"] * 2
+    assert list(df["speedup_text"]) == ["unsteady"] * 2 and list(df["flag"]) == ["unsteady"] * 2
 
 
 def test_summary_refuses_a_ratio_when_the_baseline_became_unsteady_later():
     lad = Ladder()
-    lad.record("baseline", times("baseline", [1.0] * 5))
-    lad.record("fast", times("fast", [0.25] * 5))
+    lad.record("baseline", times("baseline", [1.0] * 8))
+    lad.record("fast", times("fast", [0.25] * 8))
     lad.final = {"final": times("fast", [0.25] * 5), "baseline": times("baseline", [3.08, 3.70, 2.59, 0.33, 0.26])}
     s = lad.summary()
     assert s["final_speedup"] is None
@@ -143,21 +150,26 @@ def test_summary_refuses_a_ratio_when_the_baseline_became_unsteady_later():
 
 def test_table_and_plot_show_the_noise_band_and_the_decision():
     lad = Ladder()
-    lad.record("baseline", times("baseline", [0.98, 1.0, 1.02, 0.99, 1.01]))
+    lad.record("baseline", times("baseline", [0.98, 1.0, 1.02, 0.99, 1.01, 1.0, 0.99, 1.01]))
     lad.record("gpu", None, reason="no GPU")
-    lad.record("bf16", times("bf16", [4.9, 5.0, 5.1, 4.95, 5.05]))  # 0.2x: slower
-    lad.record("compile", times("compile", [0.49, 0.5, 0.51, 0.5, 0.5]))
+    lad.record("bf16", times("bf16", [4.9, 5.0, 5.1, 4.95, 5.05, 5.0, 4.95, 5.05]))  # 0.2x: slower
+    lad.record("compile", times("compile", [0.49, 0.5, 0.51, 0.5, 0.5, 0.5, 0.49, 0.51]))
+    lad.record("noisy", times("noisy", [0.4, 0.6, 0.5, 0.45, 0.55, 0.5, 0.52, 0.48]))  # +-20 %: undecided
     df = lad.table()
-    assert list(df["decision"]) == ["baseline", "not applicable", "slower", "kept"]
-    assert list(df["speedup_text"]) == ["1.0x", "", "0.20x", "2.0x"]  # never "0x"
-    assert df.loc[2, "vs_best_text"] == "0.20x"
+    assert list(df["decision"]) == ["baseline", "not applicable", "slower", "kept", "undecided: not kept"]
+    assert list(df["speedup_text"]) == ["reference", "", "0.20x", "2.0x", "undecided"]  # never "0x"
+    assert df.loc[2, "vs_best_text"] == "0.20x" and list(df["flag"]) == ["", "", "", "", "undecided"]
     assert df.loc[0, "throughput_low"] == pytest.approx(10 / 1.01) and df.loc[0, "throughput_high"] == pytest.approx(10 / 0.99)
     json.dumps(df.to_dict("records"), default=str)
-    fig = plots.ladder(df[df.applicable], label="step")
+    fig = verdicts.plot_ladder(df[df.applicable], label="step")
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
-    assert any("0.20x vs baseline" in t and "slower" in t for t in texts)
+    assert any("0.20x vs best so far" in t and "slower" in t for t in texts)
     assert any("kept" in t for t in texts)
+    assert any("(undecided)" in t for t in texts) and not any("noisy" in t and "x vs" in t for t in texts)
+    hatches = [p.get_hatch() for p in ax.patches[:4]]
+    assert hatches == [None, None, None, "xx"]  # the undecided bar is greyed out and cross-hatched
+    assert "undecided or unsteady: no ratio" in [t.get_text() for t in ax.get_legend().get_texts()]
     bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
     assert len(bars) == 1
     segments = bars[0].lines[2][0].get_segments()  # one horizontal error bar per step: low..high
@@ -177,10 +189,11 @@ import torch  # noqa: E402
 
 from dlo.measure import verdicts  # noqa: E402
 from dlo.measure.bench import Warmup  # noqa: E402
+from dlo.measure.verdicts import format_ratio  # noqa: E402
 
 SMALL, LARGE = 256, 8192
 TIGHT = (0.99, 1.0, 1.01, 1.0)  # the repeats of one configuration: a noise band of about 1 %
-OPTS = dict(repeats=5, warmup=2, timer=run, track_memory=False, progress=False)
+OPTS = dict(repeats=8, warmup=2, timer=run, track_memory=False, progress=False)
 
 
 def fake_device(speed, jitter=TIGHT, calls=None):
@@ -247,9 +260,10 @@ def test_a_step_dropped_at_a_small_batch_is_kept_at_the_large_one():
     assert bf16["kept"] and bf16["vs_best"] == pytest.approx(1.8) and bf16["batch_size"] == LARGE
     assert bf16["reference"]["name"] == "6 batch 8192"  # timed together with the best configuration at 8192
     assert bf16["retry_why"] == "re-tried at batch 8192: not faster beyond the noise at batch 256"
-    assert bf16["conclusion"] == (
-        "2 + bf16 was not faster beyond the noise at batch 256 (15,000 vs 15,000 img/s, medians), but 1.8x faster "
-        "at batch 8192 (64,800 vs 36,000 img/s, medians; the noise bands do not overlap).")
+    assert bf16["conclusion"].startswith(
+        "2 + bf16 was not faster beyond the noise at batch 256 (15,000 vs 15,000 img/s, medians; 98% interval ")
+    assert bf16["conclusion"].endswith(", within 5% of 1), but 1.8x faster at batch 8192 (64,800 vs 36,000 img/s, "
+                                       "medians; beyond the noise: 98% interval 1.76x-1.84x over 8 interleaved rounds).")
     # compile pays at neither batch: dropped again; it was tried on top of bf16 at 8192, the best so far
     assert not comp["kept"] and comp["decision"] == "not faster beyond noise" and comp["dtype"] == "bf16"
     assert comp["reference"]["name"] == "retry: 2 + bf16 at batch 8192"
@@ -270,11 +284,12 @@ def test_a_step_dropped_at_a_small_batch_is_kept_at_the_large_one():
     assert s["start_step"] == "0 CPU fp32" and s["final_vs_start"] == pytest.approx(64_800 / 128)  # context only
     assert s["retried"] == {"2 + bf16": "kept", "5 + compile": "not faster beyond noise"}
     df = lad.table()
-    assert df.loc[df.step == "1 GPU fp32", "speedup_text"].item() == "1.0x"
-    assert df.loc[df.step == bf16["step"], "speedup_text"].item() == "4.3x"
+    # each row's ratio is the one its decision gave, against the reference timed with it
+    assert df.loc[df.step == "1 GPU fp32", "speedup_text"].item() == format_ratio(15_000 / 128)
+    assert df.loc[df.step == bf16["step"], "speedup_text"].item() == "1.8x"
     assert df.loc[df.step == bf16["step"], "why"].item() == bf16["retry_why"]
-    fig = plots.ladder(df[df.applicable], label="step")
-    assert sum(bool(p.get_hatch()) for p in fig.axes[0].patches) == 2  # the retries stand out in the plot
+    fig = verdicts.plot_ladder(df[df.applicable], label="step")
+    assert [p.get_hatch() for p in fig.axes[0].patches[:8]].count("//") == 2  # the retries stand out in the plot
 
 
 def test_retry_sentences_are_checked_again_from_their_numbers(tmp_path):
@@ -303,9 +318,9 @@ def test_on_a_cpu_without_native_bf16_bf16_stays_slower_at_every_batch():
     bf16 = rows[0]
     assert bf16["decision"] == "slower" and not bf16["kept"]
     assert bf16["conclusion"] == (
-        "2 + bf16 was slower at batch 256 (0.30x the throughput: 12 vs 40 img/s, medians; the noise bands do not "
-        "overlap), and still slower at batch 8192 (0.30x the throughput: 15.6 vs 52 img/s, medians; the noise bands "
-        "do not overlap).")
+        "2 + bf16 was slower at batch 256 (0.30x the throughput: 12 vs 40 img/s, medians; beyond the noise: 98% "
+        "interval 0.294x-0.306x over 8 interleaved rounds), and still slower at batch 8192 (0.30x the throughput: "
+        "15.6 vs 52 img/s, medians; beyond the noise: 98% interval 0.294x-0.306x over 8 interleaved rounds).")
     lad.final_comparison(**OPTS)
     s = lad.summary()
     assert s["baseline_step"] == "0 CPU fp32" and s["final_step"] == "6 batch 8192"
@@ -313,15 +328,16 @@ def test_on_a_cpu_without_native_bf16_bf16_stays_slower_at_every_batch():
     assert s["final_config"]["dtype"] is None
 
 
-def test_a_gain_within_the_noise_is_not_kept_on_retry():
-    """bf16 3 % faster at the large batch, but with repeats that spread over 10 %: the bands overlap."""
+def test_a_gain_below_the_minimum_effect_is_not_kept_on_retry():
+    """bf16 2 % faster at the large batch in every round: beyond the noise, but below the 3 % minimum effect."""
     def small_gain(config, batch):
         return h100(config, batch) / (1.8 if config.get("dtype") == "bf16" and batch > SMALL else 1.0) * (
-            1.03 if config.get("dtype") == "bf16" and batch > SMALL else 1.0)
+            1.02 if config.get("dtype") == "bf16" and batch > SMALL else 1.0)
 
-    lad, make_call, dev = climb(small_gain, jitter=(0.95, 1.0, 1.05, 1.0))
+    lad, make_call, dev = climb(small_gain, jitter=(1.0,))
     bf16 = lad.retry(make_call, device=dev, **OPTS)[0]
-    assert bf16["vs_best"] == pytest.approx(1.03) and bf16["decision"] == "not faster beyond noise"
+    assert bf16["ratio_low"] > 1 and bf16["decision"] == "not faster beyond noise"
+    assert bf16["vs_best"] == pytest.approx(1.02)
     assert not bf16["kept"] and lad.current["dtype"] is None
     lad.final_comparison(**OPTS)
     s = lad.summary()
@@ -401,8 +417,9 @@ def test_when_the_sweep_batch_was_not_kept_retries_are_timed_against_the_best_at
     assert lad.rows[-1]["decision"] == "not faster beyond noise" and lad.best()["step"] == "1 GPU fp32"
     bf16 = lad.retry(make_call, LARGE, device=dev, **OPTS)[0]
     assert bf16["reference"]["name"] == "1 GPU fp32" and bf16["kept"]
-    assert bf16["conclusion"].endswith("at batch 8192 (27,000 vs 15,000 img/s, medians; the noise bands do not "
-                                       "overlap; the best configuration so far, timed with it, ran at batch 256).")
+    assert bf16["conclusion"].endswith("at batch 8192 (27,000 vs 15,000 img/s, medians; beyond the noise: 98% "
+                                       "interval 1.76x-1.84x over 8 interleaved rounds; the best configuration so far, "
+                                       "timed with it, ran at batch 256).")
     lad.final_comparison(**OPTS)
     s = lad.summary()
     assert s["final_batch_size"] == LARGE and s["final_speedup"] == pytest.approx(1.8)

@@ -13,10 +13,12 @@ from .bench import (
     Measurement, Candidate, measure_interleaved, measure, step_call, measure_steps, cpu_has_native_bf16,
     environment_info, save_json, load_json, table, torch_threads,
 )
+from .decide import ALPHA, MIN_EFFECT, Decision, decide
 from .verdicts import (
     format_ratio, unsteady_reason, faster_beyond_noise, compare_sentence, break_even_sentence,
-    CONCLUSION_HELPERS, conclude, check_conclusions, Ladder,
+    CONCLUSION_HELPERS, conclude, check_conclusions,
 )
+from .ladder import Ladder
 
 __all__ = [
     "Timer",
@@ -49,4 +51,8 @@ __all__ = [
     "conclude",
     "check_conclusions",
     "Ladder",
+    "ALPHA",
+    "MIN_EFFECT",
+    "Decision",
+    "decide",
 ]

@@ -24,31 +24,24 @@ one to say (faster beyond the noise or not, the sentences, the ladder's keep rul
 """
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
-import os
-import platform
 import statistics
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.device import synchronize
-import dlo
+from dlo.measure import decide as _decide
 
 #: A timer runs ``fn`` once and returns how long it took, in seconds (see :func:`make_timer`). Tests pass
 #: their own (a fake clock), so that what they check never depends on the speed of the machine.
 Timer = Callable[[Callable[[], Any]], float]
 
 #: The widest spread of the timed repeats, as interquartile range / median, for which a ratio is still
-#: reported: beyond it the repeats disagree so much that the machine was not steady while they ran.
-MAX_SPREAD = 0.25
+#: reported (defined with the decision rule, :mod:`dlo.measure.decide`).
+MAX_SPREAD = _decide.MAX_SPREAD
 
 
 def make_timer(device: torch.device | str | None = None) -> Timer:
@@ -111,9 +104,12 @@ class Warmup:
         return max(last) - min(last) <= self.tolerance * statistics.median(last)
 
 
-def _check_counts(warmup: Warmup | int, repeats: int) -> None:
+def _check_counts(warmup: Warmup | int, repeats: int, max_repeats: int | None = None) -> None:
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if max_repeats is not None and (not isinstance(max_repeats, int) or isinstance(max_repeats, bool)
+                                    or max_repeats < repeats):
+        raise ValueError(f"max_repeats must be an integer >= repeats ({repeats}), got {max_repeats!r}")
     if not isinstance(warmup, Warmup) and (not isinstance(warmup, int) or warmup < 0):
         raise ValueError(f"warmup must be >= 0 (a number of calls) or a Warmup policy, got {warmup}")
 
@@ -236,7 +232,9 @@ class Measurement:
     The noise band is the interquartile range of the timed repeats: ``q25_s``..``q75_s`` seconds per call,
     i.e. ``throughput_low``..``throughput_high``; ``spread`` is that range over the median. ``warmup`` is
     the number of warm-up calls run (their times in ``warmup_times_s``), ``steady`` whether they reached
-    steady timings (None: a fixed number of warm-up calls, not checked).
+    steady timings (None: a fixed number of warm-up calls, not checked). ``min_repeats`` / ``max_repeats``: the
+    rounds an adaptive measurement had to run and could run (None: a fixed number), which the decision rule needs
+    to know how often it looked (:func:`dlo.measure.decide.decide`).
     """
 
     name: str
@@ -250,6 +248,8 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
     steady: bool | None = None
     warmup_times_s: list[float] = field(default_factory=list)
+    min_repeats: int | None = None
+    max_repeats: int | None = None
 
     @property
     def median_s(self) -> float:
@@ -316,33 +316,34 @@ class Candidate:
 def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[[], Any]], *,
                         items_per_call: int | None = None, device: torch.device | str | None = None,
                         repeats: int = 5, warmup: Warmup | int = Warmup(), unit: str = "img/s",
-                        track_memory: bool = True, progress: bool = True,
-                        timer: Timer | None = None) -> dict[str, Measurement]:
+                        track_memory: bool = True, progress: bool = True, timer: Timer | None = None,
+                        max_repeats: int | None = None,
+                        until: Callable[[dict[str, Measurement]], bool] | None = None) -> dict[str, Measurement]:
     """Time several configurations that are to be compared, *interleaved*.
 
     Each candidate is first warmed up (until steady with a :class:`Warmup` policy, the default); then the
-    timed calls go round-robin, A B C A B C ..., ``repeats`` rounds. Whatever drifts during the run (another
-    job on the machine, the clock slowing down as the chip heats up) then hits every candidate alike, where
-    AAAAA BBBBB would blame it on B. Returns one :class:`Measurement` per candidate, by name, in order.
+    timed calls go round-robin, ``repeats`` rounds, in alternating order (A B C, C B A, A B C, ...). Whatever
+    drifts during the run (another job on the machine, the clock slowing down as the chip heats up) then hits
+    every candidate alike, where AAAAA BBBBB would blame it on B; and the alternation gives no candidate the
+    advantage of always running first (or last) in its round. Returns one :class:`Measurement` per candidate,
+    by name, in order.
+
+    **Adaptive repeats.** With ``max_repeats`` above ``repeats``, more rounds are run until the decision is
+    clear or ``max_repeats`` rounds have run: ``until(measurements so far)`` is asked at the round counts of
+    :func:`dlo.measure.decide.looks` and stops the rounds when it returns True. By default it is the decision
+    rule (:func:`dlo.measure.decide.decide`) of the last candidate against the first (a new configuration
+    against its reference). What is still unclear at the cap is then reported "undecided" by the rule.
 
     ``candidates``: a list of :class:`Candidate`, or a dict ``{name: call}`` with the shared ``items_per_call``
     and ``device``. ``timer`` replaces the clock (tests); by default each candidate uses its device's
     :func:`make_timer`. With ``track_memory`` each call runs inside :class:`PeakMemory` and a candidate keeps
     its largest peak (on a CPU the RSS of the whole process: the candidates' allocations add up).
     """
-    if isinstance(candidates, Mapping):
-        if items_per_call is None:
-            raise ValueError("measure_interleaved({name: call}) needs items_per_call (and device)")
-        cands = [Candidate(name, call, items_per_call, device if device is not None else "cpu")
-                 for name, call in candidates.items()]
-    else:
-        cands = list(candidates)
-    if not cands:
-        raise ValueError("measure_interleaved needs at least one candidate")
-    names = [c.name for c in cands]
-    if len(set(names)) != len(names):
-        raise ValueError(f"candidate names must differ, got {names}")
-    _check_counts(warmup, repeats)
+    cands = _candidates(candidates, items_per_call, device)
+    _check_counts(warmup, repeats, max_repeats)
+    cap = max_repeats if max_repeats is not None else repeats
+    if until is None and cap > repeats and len(cands) > 1:
+        until = _decide.pair_decider(cands[-1].name, cands[0].name)
     devices = {c.name: torch.device(c.device) for c in cands}
     timers = {c.name: timer or make_timer(devices[c.name]) for c in cands}
     peaks: dict[str, int] = {c.name: 0 for c in cands}
@@ -350,7 +351,7 @@ def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(desc=" / ".join(names), leave=False, unit="call")
+        bar = tqdm(desc=" / ".join(c.name for c in cands), leave=False, unit="call")
 
     def run_once(c: Candidate) -> float:
         if track_memory:
@@ -363,6 +364,16 @@ def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[
             bar.update()
         return seconds
 
+    def results() -> dict[str, Measurement]:
+        return {c.name: Measurement(name=c.name, times_s=list(timed[c.name]), items_per_call=c.items_per_call,
+                                    unit=unit, peak_memory_bytes=peaks[c.name] if track_memory else None,
+                                    memory_kind=kinds[c.name], device=str(devices[c.name]),
+                                    warmup=len(warm[c.name].times), extra=dict(c.extra), steady=warm[c.name].steady,
+                                    warmup_times_s=warm[c.name].times,
+                                    min_repeats=repeats if cap > repeats else None,
+                                    max_repeats=cap if cap > repeats else None)
+                for c in cands}
+
     try:
         warm: dict[str, _WarmingUp] = {}
         for c in cands:  # warm-ups one after the other: each needs its own calls until steady
@@ -370,18 +381,34 @@ def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[
             while not warm[c.name].done:
                 warm[c.name].times.append(run_once(c))
         timed: dict[str, list[float]] = {c.name: [] for c in cands}
-        for _ in range(repeats):  # A B C A B C ...
-            for c in cands:
+        checks = set(_decide.looks(repeats, cap)) if cap > repeats and until is not None else set()
+        for r in range(cap):  # A B C, C B A, A B C ...
+            for c in (cands if r % 2 == 0 else cands[::-1]):
                 timed[c.name].append(run_once(c))
+            done = r + 1
+            if done >= repeats and (not checks or (done in checks and until(results()))):
+                break  # a fixed number of rounds, or the decision is clear
     finally:
         if bar is not None:
             bar.close()
-    return {c.name: Measurement(name=c.name, times_s=timed[c.name], items_per_call=c.items_per_call, unit=unit,
-                                peak_memory_bytes=peaks[c.name] if track_memory else None,
-                                memory_kind=kinds[c.name], device=str(devices[c.name]),
-                                warmup=len(warm[c.name].times), extra=dict(c.extra), steady=warm[c.name].steady,
-                                warmup_times_s=warm[c.name].times)
-            for c in cands}
+    return results()
+
+
+def _candidates(candidates: Sequence[Candidate] | Mapping[str, Callable[[], Any]], items_per_call: int | None,
+                device: torch.device | str | None) -> list[Candidate]:
+    if isinstance(candidates, Mapping):
+        if items_per_call is None:
+            raise ValueError("measure_interleaved({name: call}) needs items_per_call (and device)")
+        cands = [Candidate(name, call, items_per_call, device if device is not None else "cpu")
+                 for name, call in candidates.items()]
+    else:
+        cands = list(candidates)
+    if not cands:
+        raise ValueError("measure_interleaved needs at least one candidate")
+    names = [c.name for c in cands]
+    if len(set(names)) != len(names):
+        raise ValueError(f"candidate names must differ, got {names}")
+    return cands
 
 
 def measure(name: str, fn: Callable[[], Any], *, items_per_call: int, warmup: Warmup | int = 1, repeats: int = 5,
@@ -423,85 +450,7 @@ def measure_steps(name: str, step: Callable[[torch.Tensor, torch.Tensor], Any],
                    **extra)
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX, used by oneDNN). Without it,
-    bf16 autocast on CPU is emulated and usually much *slower* than fp32."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
-        return False
-
-
-def environment_info(device: torch.device | str | None = None) -> dict[str, Any]:
-    """What a result depends on: versions, device name, core count, date. Stored with every result file."""
-
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:  # pragma: no cover - reported, not fatal
-        tv = None
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    info: dict[str, Any] = {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": tv,
-        "dlo": dlo.__version__,
-        "device": str(dev),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_native_bf16": cpu_has_native_bf16(),
-    }
-    if dev.type == "cuda":
-        info.update(gpu=torch.cuda.get_device_name(dev), cuda=torch.version.cuda,
-                    cudnn=torch.backends.cudnn.version(),
-                    gpu_memory_gib=round(torch.cuda.get_device_properties(dev).total_memory / 2**30, 1))
-    else:
-        info["gpu"] = None
-    return info
-
-
-def save_json(payload: Any, path: str | os.PathLike) -> Path:
-    """Write JSON atomically (see :func:`dlo.runtime.atomic.atomic_write`), creating the folder."""
-    return atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
-
-
-def load_json(path: str | os.PathLike) -> Any:
-    """The JSON in ``path``; a file that is not JSON is a one-line ValueError naming it."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not a JSON file ({exc}): write it again with save_json") from None
-
-
-def table(records: Iterable[dict[str, Any] | Measurement], columns: list[str] | None = None):
-    """Records (or Measurements) as a pandas DataFrame, one row each."""
-    import pandas as pd
-
-    rows = [r.to_record() if isinstance(r, Measurement) else dict(r) for r in records]
-    for r in rows:
-        extra = r.pop("extra", None) or {}
-        for k, v in extra.items():
-            r.setdefault(k, v)
-        r.pop("times_s", None)
-        r.pop("warmup_times_s", None)
-    df = pd.DataFrame(rows)
-    return df[columns] if columns else df
-
-
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Temporarily set the number of intra-op CPU threads (None: leave as is)."""
-    if n is None:
-        yield
-        return
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
+# stored with every result (split into dlo.measure.records; importable from here as before)
+from dlo.measure.records import (  # noqa: E402
+    cpu_has_native_bf16, environment_info, load_json, save_json, table, torch_threads,
+)
