@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dlo.course import checks
+from test_hints_do_not_dictate import STILL_DICTATING, found_in
 
 CORPUS = Path(__file__).with_name("wrong_answers")
 FILES = sorted(p for p in CORPUS.glob("*/*/*.py") if not p.name.startswith("ok_"))
@@ -83,6 +84,10 @@ def test_wrong_answer_is_rejected_with_a_reason(path: Path, record_property):
     assert "not implemented yet" not in message, f"{_id(path)}: the wrong answer must be a complete answer"
     for word in words:
         assert word.lower() in message.lower(), f"{_id(path)}: the message does not say {word!r}: {message}"
+    step_name = f"{course}/{step}"
+    if step_name not in STILL_DICTATING:  # a failure message names the mistake; it never hands out the solution
+        copied = found_in(step_name, message)
+        assert not copied, f"{_id(path)}: the message contains the solution's line(s) {copied}: {message}"
 
 
 @pytest.mark.parametrize("path", CORRECT, ids=[_id(p) for p in CORRECT])

@@ -344,8 +344,8 @@ def _check_channels_last(to_channels_last: Callable) -> str:
            f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "
            "layout in memory, not the order of the axes (no permute)")
     expect(x2.is_contiguous(memory_format=cl) and not x2.is_contiguous(),
-            "convert the images too: images = images.contiguous(memory_format=torch.channels_last) (it returns a "
-            "new tensor, unlike model.to which converts the model in place)")
+            "the images returned are not channels_last: convert the images too, and keep what the conversion returns "
+            "(a tensor's conversion returns a new tensor, unlike a module's, which converts the model in place)")
     expect(torch.equal(x2, x), "the values must not change, only the layout")
     return "model weights and images are NHWC (channels_last) in memory"
 
