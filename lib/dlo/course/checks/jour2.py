@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+import dlo.course.checks.augment  # noqa: F401 -- registers the augment steps (Jour 2's other notebook)
 from dlo.course.checks.framework import CheckFailed, expect, register
 
 LOADER_NB = "Jour2/dataloader.ipynb"
@@ -75,5 +76,3 @@ def _check_budget(workers_per_rank: Callable) -> str:
             raise CheckFailed(f"{where}: {expected} workers per rank, got {got!r}")
     return "cores split between ranks, one kept per rank for its training loop"
 
-
-from . import augment as _augment  # noqa: E402,F401 -- registers the augment steps
