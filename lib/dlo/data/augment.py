@@ -61,7 +61,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from dlo.data.soft_targets import _compute_dtype, _is_label_vector, soft_accuracy, soft_cross_entropy, to_soft_targets
 
 KINDS = ("mixup", "cutmix")
 
@@ -235,28 +236,6 @@ def sample_mix_params(batch_size: int, alpha: float, *, kind: str = "mixup", hei
 # Shared checks and helpers
 # --------------------------------------------------------------------------------------------------
 
-def _is_label_vector(targets: torch.Tensor, num_classes: int | None) -> bool:
-    """True for integer labels ``[B]``, False for soft targets ``[B, K]``; one clear error for anything else."""
-    if targets.ndim == 1 and not targets.dtype.is_floating_point:
-        if num_classes is None:
-            raise ValueError("integer labels [B] need num_classes to be one-hot encoded")
-        return True
-    if targets.ndim == 2 and targets.dtype.is_floating_point:
-        if num_classes is not None and targets.shape[1] != num_classes:
-            raise ValueError(f"targets have {targets.shape[1]} classes but num_classes={num_classes}")
-        return False
-    raise ValueError(f"targets must be integer labels [B] or float soft targets [B, K], got dtype {targets.dtype} "
-                     f"and shape {tuple(targets.shape)}")
-
-
-def to_soft_targets(targets: torch.Tensor, num_classes: int | None = None) -> torch.Tensor:
-    """Targets as floating point ``[B, K]``: integer labels ``[B]`` are one-hot encoded (float32, needs
-    ``num_classes``), soft / one-hot targets ``[B, K]`` pass through."""
-    if _is_label_vector(targets, num_classes):
-        return F.one_hot(targets.long(), num_classes).to(torch.float32)
-    return targets
-
-
 def _check_inputs(images: torch.Tensor, targets: torch.Tensor, params: MixParams, kind: str) -> None:
     if images.ndim != 4:
         raise ValueError(f"images must be a batch [B, C, H, W], got shape {tuple(images.shape)}")
@@ -269,11 +248,6 @@ def _check_inputs(images: torch.Tensor, targets: torch.Tensor, params: MixParams
         raise ValueError(f"batch sizes differ: {len(images)} images, {len(targets)} targets, {len(params)} params")
     if kind == "cutmix" and params.boxes is None:
         raise ValueError("CutMix needs params with boxes: sample_mix_params(..., kind='cutmix', height=H, width=W)")
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Mix in at least float32: bfloat16 / float16 are rounded once, at the end."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 def _memory_format(images: torch.Tensor) -> torch.memory_format:
@@ -516,46 +490,3 @@ class MixCutMix:
     def __repr__(self) -> str:
         return (f"MixCutMix(num_classes={self.num_classes}, mixup_alpha={self.mixup_alpha}, "
                 f"cutmix_alpha={self.cutmix_alpha}, switch_prob={self.switch_prob}, per_sample={self.per_sample})")
-
-
-# --------------------------------------------------------------------------------------------------
-# Loss and accuracy with soft targets
-# --------------------------------------------------------------------------------------------------
-
-def soft_cross_entropy(logits: torch.Tensor, soft_targets: torch.Tensor) -> torch.Tensor:
-    """Mean over the batch of ``-sum_k t_k log softmax(logits)_k``.
-
-    With one-hot targets this is the usual cross-entropy; with mixed targets it is the cross-entropy
-    against the mixture, i.e. ``lam * CE(a) + (1 - lam) * CE(b)``. Equal to
-    ``F.cross_entropy(logits, soft_targets)`` (probability targets); written out to show what it computes.
-    Computed in float32 at least (log-softmax in bfloat16 loses too much).
-    """
-    if soft_targets.ndim == 1 and not soft_targets.dtype.is_floating_point:
-        soft_targets = to_soft_targets(soft_targets, logits.shape[-1])
-    if soft_targets.shape != logits.shape:
-        raise ValueError(f"soft targets {tuple(soft_targets.shape)} and logits {tuple(logits.shape)} differ in shape")
-    log_p = F.log_softmax(logits.to(_compute_dtype(logits.dtype)), dim=-1)
-    return -(soft_targets.to(log_p.dtype) * log_p).sum(dim=-1).mean()
-
-
-def soft_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Accuracy that also understands soft targets; a 0-dim tensor (no device synchronisation).
-
-    * integer labels ``[B]``: the usual ``mean(argmax == label)``;
-    * soft targets ``[B, K]``: ``mean_i targets[i, argmax_i]``, the *expected* accuracy when the mixed
-      image counts as class ``a`` with probability ``lam`` and ``b`` with ``1 - lam``: predicting ``a``
-      scores ``lam``, ``b`` scores ``1 - lam``, anything else 0. For one-hot targets it is the usual accuracy.
-
-    Why not the naive ``(logits.argmax(1) == targets).float().mean()``: with ``targets`` of shape
-    ``[B, K]`` the comparison broadcasts ``[B]`` against ``[B, K]`` (a ``[B, K]`` or ``[K, K]``-like table,
-    or a shape error) and compares class *indices* with *probabilities* (e.g. ``3 == 0.7``): the result
-    is 0 or a number with no meaning. ``targets.argmax(1)`` is defined but discards the mixture (it
-    rewards predicting the dominant class only).
-    """
-    pred = logits.argmax(dim=-1)
-    if targets.ndim == 1 and not targets.dtype.is_floating_point:
-        return (pred == targets).float().mean()
-    if targets.ndim != 2 or targets.shape != logits.shape:
-        raise ValueError(f"targets must be integer labels [B] or soft targets shaped like the logits "
-                         f"{tuple(logits.shape)}, got {targets.dtype} {tuple(targets.shape)}")
-    return targets.gather(1, pred[:, None]).squeeze(1).float().mean()
