@@ -493,3 +493,68 @@ def test_training_flops_with_the_head_match_an_independent_count(tied):
     assert F.flops_per_token(cfg, seq, include_head=True) - without == 6 * cfg.vocab_size * cfg.hidden_size
     with pytest.raises(ValueError, match="one of the two"):
         F.flops_per_token(cfg, seq, include_head=True, include_embeddings=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# fsdp2_peak_memory: each condition of its terms, on both of its sides
+# --------------------------------------------------------------------------------------------------
+
+def _small(num_layers: int = 3) -> TransformerConfig:
+    return TransformerConfig(vocab_size=1000, hidden_size=64, intermediate_size=160, num_layers=num_layers,
+                             num_heads=4, num_kv_heads=2, tie_embeddings=True, name="small")
+
+
+def _peak(cfg=None, n_gpus=1, **kw):
+    return M.fsdp2_peak_memory(cfg or _small(), n_gpus, **{"batch": 2, "seq_len": 8, **kw})
+
+
+def test_fsdp2_peak_gathers_two_layers_unless_every_layer_stays_gathered():
+    per_layer = M.count_parameters(_small())["per_layer"]
+    two, every = 2 * per_layer * 2, 3 * per_layer * 2  # bf16
+    assert _peak()["gathered_layers"] == two
+    assert _peak(reshard_after_forward=False)["gathered_layers"] == every
+    assert _peak(accum_keep_gathered=True)["gathered_layers"] == two  # no accumulation: nothing to keep
+    assert _peak(accum_keep_gathered=True, grad_accum=2)["gathered_layers"] == every
+    one = _small(num_layers=1)
+    assert _peak(one)["gathered_layers"] == M.count_parameters(one)["per_layer"] * 2  # one layer, not two
+
+
+def test_fsdp2_peak_holds_the_unsharded_gradients_only_when_accumulating_without_reducing():
+    n = M.count_parameters(_small())["total"]
+    assert _peak(grad_accum=1, accum_sync="last")["accumulated_unsharded_grads"] == 0
+    assert _peak(grad_accum=2, accum_sync="last")["accumulated_unsharded_grads"] == 4 * n
+    assert _peak(grad_accum=2, accum_sync="every")["accumulated_unsharded_grads"] == 0
+
+
+def test_fsdp2_peak_loss_buffers_are_one_chunk_or_the_whole_batch_whichever_is_smaller():
+    tokens, v = 2 * 8, 1000
+    assert _peak()["loss_buffers"] == tokens * v * 12
+    assert _peak(loss="chunked", loss_chunk_tokens=4)["loss_buffers"] == 4 * v * 12
+    assert _peak(loss="chunked", loss_chunk_tokens=64)["loss_buffers"] == tokens * v * 12  # chunk > batch
+    assert _peak(loss="chunked", loss_chunk_tokens=4)["chunked_head_grad"] == _peak()["head_grad"]
+    assert _peak()["chunked_head_grad"] == 0
+
+
+def test_fsdp2_peak_shards_the_state_and_takes_the_larger_of_its_two_peaks():
+    n = M.count_parameters(_small())["total"]
+    three = _peak(n_gpus=3)
+    assert three["sharded_params_fp32"] == 4 * -(-n // 3) and three["adamw_states_fp32"] == 8 * -(-n // 3)
+    assert three["model_states"] < _peak()["model_states"]
+    # a long sequence: the activations make the forward/backward peak; none: foreach's copy makes the step's
+    for kw in ({"seq_len": 512}, {"seq_len": 1, "batch": 1}):
+        p = _peak(**kw)
+        assert p["total"] == max(p["forward_backward"], p["optimizer_step"])
+    assert _peak(seq_len=512)["total"] == _peak(seq_len=512)["forward_backward"] > _peak(seq_len=512)["optimizer_step"]
+    tiny = _peak(seq_len=1, batch=1, optimizer_impl="foreach")
+    assert tiny["total"] == tiny["optimizer_step"] > tiny["forward_backward"]
+
+
+def test_fsdp2_peak_checkpoints_every_kth_layer_and_recomputes_only_then():
+    cfg = _small(num_layers=3)
+    full_layer = M.activation_memory_per_token(cfg, dtype_bytes=2)
+    tokens, kept = 16, cfg.hidden_size * 2
+    none = _peak(cfg)
+    assert none["activations"] == tokens * 3 * full_layer and none["recompute"] == 0
+    every2 = _peak(cfg, checkpointing="full", ac_every=2)  # layers 0 and 2
+    assert every2["activations"] == tokens * (2 * kept + 1 * full_layer)
+    assert every2["recompute"] == tokens * (full_layer - kept)
