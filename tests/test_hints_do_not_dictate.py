@@ -50,7 +50,7 @@ STILL_DICTATING: set[str] = {
 
 #: Steps whose wrong-answer messages are checked here too (their corpus is run again: single-process checkers only).
 MESSAGE_STEPS: set[str] = {"experts/balance", "experts/routing", "context/merge", "context/ring_step",
-                            "grid/coords", "pipeline/1f1b", "pipeline/interleaved"}
+                            "apis/fabric_port", "grid/coords", "pipeline/1f1b", "pipeline/interleaved"}
 
 CORPUS = Path(__file__).with_name("wrong_answers")
 STEPS = [f"{course}/{step}" for course, steps in catalog.steps().items() for step in steps]

@@ -46,4 +46,18 @@ HINTS: dict[tuple[str, str], Hint] = {
         "The global batch is split over the GPUs; only stages 1 to 3 exist.",
         "Keys zero_optimization.stage, train_batch_size, train_micro_batch_size_per_gpu, "
         "gradient_accumulation_steps, bf16.enabled."),
+    # apis
+    ("apis", "fabric_port"): _h(
+        "Port the native training loop with gradient accumulation to Lightning Fabric: the same training on one "
+        "device, and a loop that would run unchanged on several.",
+        "Fabric takes over what depends on where the code runs -- the device, the wrapping of the model and its "
+        "optimizer, the sharding of the data, the backward (loss scaling, the strategy's hooks) -- and leaves the "
+        "loop itself to you. So the port removes the native loop's device handling and hands each of those jobs "
+        "to Fabric; the accumulation arithmetic does not change.",
+        "Fabric.setup (model and optimizer together) or setup_module + setup_optimizers, Fabric.setup_dataloaders, "
+        "Fabric.backward, Fabric.no_backward_sync(module, enabled=...) for the micro-batches that do not end a step.",
+        shape="Before the loop: the model with its optimizer, and the loader, each given to Fabric and replaced by "
+              "what it returns. In the loop: the same steps and micro-batches as the native loop, the batches "
+              "used as they come, each micro-batch's scaled loss given to Fabric's backward, then one optimizer "
+              "step and one reset of the gradients per step; the returned losses as the native loop records them."),
 }
