@@ -264,7 +264,8 @@ def _check_offload(offload_policy: Callable) -> str:
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
     off = offload_policy(torch.device("cpu"), False)
-    expect(type(off) is OffloadPolicy, f"not enabled: return OffloadPolicy() (no offload), got {off!r}")
+    expect(type(off) is OffloadPolicy, f"not enabled: return the base OffloadPolicy, which offloads nothing, got "
+                                       f"{off!r}")
     # the device argument decides, not the machine: both calls are made as on a machine with GPUs, the GPU one
     # also as on a machine without any (the checker's own)
     for gpus in (True, False):
@@ -297,7 +298,8 @@ def _check_compile(compile_layers: Callable) -> str:
     ok = all(isinstance(layer, OptimizedModule) or getattr(layer, "_compiled_call_impl", None) is not None
              for layer in model.model.layers)
     expect(ok, "compile every decoder layer itself (layer.compile()): not a part of it, not the whole model")
-    expect(not isinstance(model, OptimizedModule), "compile the layers, not the root (FSDP wraps the root next)")
+    expect(not isinstance(model, OptimizedModule) and getattr(model, "_compiled_call_impl", None) is None,
+           "compile the layers, not the root (FSDP wraps the root next)")
     renamed = [k for k in model.state_dict() if "_orig_mod" in k]
     expect(not renamed, f"the weights were renamed ({renamed[0] if renamed else ''}): torch.compile(layer) put into "
                         "the list wraps each layer, so checkpoints and from_pretrained no longer find the names; "
@@ -359,8 +361,12 @@ def _check_deepspeed(deepspeed_config: Callable) -> str:
         expect(cfg.get("train_batch_size") == 8, "train_batch_size is the global batch")
         expect(cfg.get("train_micro_batch_size_per_gpu") == 4, "train_micro_batch_size_per_gpu = global batch / world size")
         expect(cfg.get("gradient_accumulation_steps") == 1, "gradient_accumulation_steps: 1")
-    expect(deepspeed_config(3, 8, 2, "bf16").get("bf16", {}).get("enabled") is True, "bf16: {'enabled': True} for bf16")
-    expect(deepspeed_config(3, 8, 2).get("bf16", {}).get("enabled") is False, "bf16 disabled for fp32")
+    for precision, on in (("bf16", True), ("fp32", False)):
+        section = deepspeed_config(3, 8, 2, precision).get("bf16")
+        expect(isinstance(section, dict), f"precision {precision!r}: 'bf16' must be a section with an 'enabled' key, got "
+                                          f"{section!r} (DeepSpeed ignores a bare value there)")
+        expect(section.get("enabled") is on, f"precision {precision!r}: the bf16 section must be enabled "
+                                             f"only for bf16, got {section!r}")
     for bad in ((4, 8, 2), (1, 5, 2)):
         try:
             deepspeed_config(*bad)

@@ -4,7 +4,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-EXPECT = 'bf16 disabled'
+EXPECT = 'enabled only for bf16'
 
 
 def deepspeed_config(stage, global_batch, world_size, precision="fp32"):
