@@ -143,14 +143,17 @@ def _check_fp16(train_step_fp16: Callable) -> str:
     except AssertionError as exc:  # GradScaler's own checks (CheckFailed is raised by us, not by the scaler)
         if isinstance(exc, CheckFailed):
             raise
-        raise CheckFailed(f"GradScaler refused the call order ({exc}): call scaler.scale(loss).backward(), "
-                          "then scaler.step(optimizer) (which unscales and checks for inf), then scaler.update(), "
-                          "in that order") from None
+        raise CheckFailed(f"GradScaler refused the call order ({exc}): the backward goes through the scaled loss, "
+                          "then the scaler's step (which unscales and checks for inf), then its update, in that "
+                          "order") from None
     expect(bool(model.seen) and model.seen[-1]["autocast"] and model.seen[-1]["dtype"] == torch.float16,
-            "run the forward pass inside torch.autocast(..., dtype=torch.float16)")
-    expect(calls[:1] == ["scale"], "call scaler.scale(loss).backward() instead of loss.backward()")
-    expect("step" in calls and "update" in calls and calls.index("step") < calls.index("update"),
-            "then scaler.step(optimizer) (not optimizer.step()) and scaler.update(), in that order")
+            "the forward pass did not run under autocast with float16 (fp16)")
+    expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow to zero; "
+                                   "the backward must go through the scaler's scaled loss")
+    expect("step" in calls, "the optimizer stepped without the scaler's step: the gradients were never divided back "
+                            "by the scale, and an overflowed step would not be skipped")
+    expect("update" in calls and calls.index("step") < calls.index("update"),
+           "the scaler's update must come after its step, in that order (it adapts the scale to what the step found)")
     expect(isinstance(loss, torch.Tensor), "return the (unscaled) loss tensor")
     expect(_params_changed(model, before), "the optimizer step did not change the parameters")
     # The update itself: scaler.step divides the gradients by the scale, so they must have been computed
@@ -295,7 +298,7 @@ def _check_fp16_clip(train_step_fp16_clip: Callable) -> str:
     a = _run_fp16_clip(train_step_fp16_clip, ma, x, y)
     seen = a["model"].seen
     expect(bool(seen) and seen[-1]["autocast"] and seen[-1]["dtype"] == torch.float16,
-           "the forward pass did not run under fp16 autocast")
+           "the forward pass did not run under autocast with float16 (fp16)")
     calls = a["calls"]
     expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow; go "
                                    "through the scaler's scale first")
@@ -338,7 +341,8 @@ def _check_channels_last(to_channels_last: Callable) -> str:
     expect(isinstance(out, tuple) and len(out) == 2, "return the pair (model, images)")
     m, x2 = out
     cl = torch.channels_last
-    expect(m.conv.weight.is_contiguous(memory_format=cl), "convert the model: model.to(memory_format=torch.channels_last)")
+    expect(m.conv.weight.is_contiguous(memory_format=cl),
+           "the model's weights are still NCHW in memory: the returned model was not converted to channels_last")
     expect(isinstance(x2, torch.Tensor) and x2.shape == x.shape,
            f"the images must keep their shape {tuple(x.shape)} (N, C, H, W), got "
            f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "

@@ -1,7 +1,7 @@
 """Steps with optimizer.step(): the gradients are still multiplied by the scale."""
 import torch
 
-EXPECT = 'scaler.step'
+EXPECT = "scaler's step"
 
 
 def train_step_fp16(model, images, labels, optimizer, criterion, scaler):
