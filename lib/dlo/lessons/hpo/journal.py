@@ -27,6 +27,7 @@ Command line (the notebook's parallel workers)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,109 +66,114 @@ _RECORD_START = b'{"op_code"'  # how every record of an Optuna journal begins (j
 _write = os.write  # one system call; a test replaces it with one that finds the disk full
 
 
+class _SafeJournal:
+    """Optuna's journal file, with three changes.
+
+    * Before appending, under the journal's lock, a last line without its newline is cut off: it is the record of a
+      writer that died while writing (a writer holds the lock until its record is whole). Optuna appends after it,
+      and the file is then unreadable for ever ("Expecting ',' delimiter").
+    * A line spoilt that way by a plain Optuna writer (a cut record, then a whole one on the same line) is read as
+      the whole record at its end; any other unreadable line is :class:`JournalCorrupt`, naming the file and the line.
+    * A failed append (``OSError``: a full disk) takes back what it wrote, then raises :class:`JournalWriteError`
+      naming the file.
+
+    Written as a mixin of plain methods: :func:`_journal_backend_class` puts it in front of Optuna's class on first
+    use, so that importing this module does not import Optuna (a GPU node may not have it).
+    """
+
+    def _corrupt(self, number: int, why: str) -> JournalCorrupt:
+        return JournalCorrupt(f"journal file {self._file_path} line {number}: {why}; it cannot be read as an "
+                              "Optuna record (was it edited, or written by something else?)")
+
+    def _decode(self, line: bytes, number: int) -> dict[str, Any]:
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            why = getattr(exc, "msg", str(exc))
+        start = line.rfind(_RECORD_START)
+        if start > 0:  # a cut record followed by a whole one on the same line: the whole one
+            with contextlib.suppress(ValueError):
+                record = json.loads(line[start:])
+                if isinstance(record, dict):
+                    return record
+        raise self._corrupt(number, why)
+
+    def read_logs(self, log_number_from: int):
+        offsets = self._log_number_offset
+        with open(self._file_path, "rb") as f:
+            remaining = os.fstat(f.fileno()).st_size  # records appended while reading are for the next call
+            start = 0
+            if log_number_from in offsets:
+                f.seek(offsets[log_number_from])
+                start = log_number_from
+                remaining -= offsets[log_number_from]
+            for number, line in enumerate(f, start=start):
+                remaining -= len(line)
+                if remaining < 0 or not line.endswith(b"\n"):
+                    break  # being written now, or cut: removed by the next append
+                offsets.setdefault(number + 1, offsets[number] + len(line))
+                if number >= log_number_from:
+                    yield self._decode(line, number + 1)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        from optuna.storages.journal._file import get_lock_file
+
+        data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode("utf-8")
+        with get_lock_file(self._lock):
+            try:
+                fd = os.open(self._file_path, os.O_RDWR)
+            except OSError as exc:
+                raise self._write_error(exc) from None
+            try:
+                end = self._drop_cut_record(fd)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[_write(fd, view):]
+                    os.fsync(fd)
+                except OSError as exc:
+                    with contextlib.suppress(OSError):  # take back the part written: the file stays readable
+                        os.ftruncate(fd, end)
+                        os.fsync(fd)
+                    raise self._write_error(exc) from None
+            finally:
+                os.close(fd)
+
+    def _drop_cut_record(self, fd: int) -> int:
+        """Cut off a last line without its newline (we hold the lock: its writer is dead); the file's new size."""
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            os.lseek(fd, size, os.SEEK_SET)
+            return size
+        end, chunk = size, 1 << 16
+        while end > 0:
+            begin = max(0, end - chunk)
+            found = os.pread(fd, end - begin, begin).rfind(b"\n")
+            if found >= 0:
+                end = begin + found + 1
+                break
+            end = begin
+        os.ftruncate(fd, end)
+        os.lseek(fd, end, os.SEEK_SET)
+        return end
+
+    def _write_error(self, exc: OSError) -> JournalWriteError:
+        import errno
+
+        reason = "no space left on its device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        err = JournalWriteError(f"journal file {self._file_path}: cannot append a record ({reason}); nothing of it "
+                                "was kept: free space (or fix the cause) and run the worker again")
+        err.errno = exc.errno
+        return err
+
+
 def _journal_backend_class():
     """:class:`JournalFileBackend` made safe against a record cut in the middle (a writer killed while writing, a
-    full disk); a class built on first use, so that importing this module does not import Optuna."""
-    import contextlib
-
+    full disk): :class:`_SafeJournal` in front of Optuna's class, built on first use."""
     from optuna.storages.journal import JournalFileBackend
-    from optuna.storages.journal._file import get_lock_file
 
-    class SafeJournalFileBackend(JournalFileBackend):
-        """Optuna's journal file, with three changes.
-
-        * Before appending, under the journal's lock, a last line without its newline is cut off: it is the
-          record of a writer that died while writing (a writer holds the lock until its record is whole). Optuna
-          appends after it, and the file is then unreadable for ever ("Expecting ',' delimiter").
-        * A line spoilt that way by a plain Optuna writer (a cut record, then a whole one on the same line) is read
-          as the whole record at its end; any other unreadable line is :class:`JournalCorrupt`, naming the file
-          and the line.
-        * A failed append (``OSError``: a full disk) takes back what it wrote, then raises
-          :class:`JournalWriteError` naming the file.
-        """
-
-        def _corrupt(self, number: int, why: str) -> JournalCorrupt:
-            return JournalCorrupt(f"journal file {self._file_path} line {number}: {why}; it cannot be read as an "
-                                  "Optuna record (was it edited, or written by something else?)")
-
-        def _decode(self, line: bytes, number: int) -> dict[str, Any]:
-            try:
-                return json.loads(line)
-            except ValueError as exc:
-                why = getattr(exc, "msg", str(exc))
-            start = line.rfind(_RECORD_START)
-            if start > 0:  # a cut record followed by a whole one on the same line: the whole one
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line[start:])
-                    if isinstance(record, dict):
-                        return record
-            raise self._corrupt(number, why)
-
-        def read_logs(self, log_number_from: int):
-            offsets = self._log_number_offset
-            with open(self._file_path, "rb") as f:
-                remaining = os.fstat(f.fileno()).st_size  # records appended while reading are for the next call
-                start = 0
-                if log_number_from in offsets:
-                    f.seek(offsets[log_number_from])
-                    start = log_number_from
-                    remaining -= offsets[log_number_from]
-                for number, line in enumerate(f, start=start):
-                    remaining -= len(line)
-                    if remaining < 0 or not line.endswith(b"\n"):
-                        break  # being written now, or cut: removed by the next append
-                    offsets.setdefault(number + 1, offsets[number] + len(line))
-                    if number >= log_number_from:
-                        yield self._decode(line, number + 1)
-
-        def append_logs(self, logs: list[dict[str, Any]]) -> None:
-            data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode("utf-8")
-            with get_lock_file(self._lock):
-                try:
-                    fd = os.open(self._file_path, os.O_RDWR)
-                except OSError as exc:
-                    raise self._write_error(exc) from None
-                try:
-                    end = self._drop_cut_record(fd)
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[_write(fd, view):]
-                        os.fsync(fd)
-                    except OSError as exc:
-                        with contextlib.suppress(OSError):  # take back the part written: the file stays readable
-                            os.ftruncate(fd, end)
-                            os.fsync(fd)
-                        raise self._write_error(exc) from None
-                finally:
-                    os.close(fd)
-
-        def _drop_cut_record(self, fd: int) -> int:
-            """Cut off a last line without its newline (we hold the lock: its writer is dead); the file's new size."""
-            size = os.fstat(fd).st_size
-            if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-                os.lseek(fd, size, os.SEEK_SET)
-                return size
-            end, chunk = size, 1 << 16
-            while end > 0:
-                begin = max(0, end - chunk)
-                found = os.pread(fd, end - begin, begin).rfind(b"\n")
-                if found >= 0:
-                    end = begin + found + 1
-                    break
-                end = begin
-            os.ftruncate(fd, end)
-            os.lseek(fd, end, os.SEEK_SET)
-            return end
-
-        def _write_error(self, exc: OSError) -> JournalWriteError:
-            import errno
-
-            reason = "no space left on its device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            err = JournalWriteError(f"journal file {self._file_path}: cannot append a record ({reason}); nothing of it "
-                                    "was kept: free space (or fix the cause) and run the worker again")
-            err.errno = exc.errno
-            return err
+    class SafeJournalFileBackend(_SafeJournal, JournalFileBackend):
+        __doc__ = _SafeJournal.__doc__
 
     return SafeJournalFileBackend
 

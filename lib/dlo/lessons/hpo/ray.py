@@ -211,6 +211,47 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, _RayNodeDied) or "timed out during startup" in str(exc)
 
 
+def _start_local_ray(ray, num_cpus: int, num_gpus: int | None, tmp, log_to_driver: bool):
+    """``ray.init`` of a local Ray on the loopback address, tried again after a pause when a busy machine explains
+    the failure (:func:`_retryable`), at most :data:`_RAY_START_ATTEMPTS` times; returns (context, attempts)."""
+    import logging
+
+    timeout_s = _start_timeout_s()
+    attempt = 1
+    while True:
+        reason = None
+        try:
+            with _local_ray_settings(ray, timeout_s):
+                ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                               log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
+                               _node_ip_address=LOOPBACK, logging_level=logging.WARNING,
+                               _system_config={"enable_metrics_collection": False,
+                                               "worker_register_timeout_seconds": int(timeout_s)})
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if not _retryable(exc):
+                raise
+            reason = str(exc).split(". ")[0].rstrip(".")
+            why = _raylet_death_reason(tmp)
+            reason = f"{reason}: {why}" if why else reason
+        if reason is None:
+            return ctx, attempt
+        # out of the except block: the failure's traceback (which holds the half-made node and its GCS client) is
+        # gone before its processes are stopped, and the error below does not carry it
+        _forget_failed_start(ray)
+        gc.collect()
+        _stop_ray_children()
+        load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
+        if attempt == _RAY_START_ATTEMPTS:
+            raise RuntimeError(f"Ray did not start in {attempt} tries ({reason}; {load} for {os.cpu_count()} "
+                               f"cores): try again when the machine is quieter, or raise DLO_RAY_START_TIMEOUT_S "
+                               f"(now {timeout_s:.0f} s)")
+        pause = _RAY_START_BACKOFF_S * 2 ** (attempt - 1)
+        print(f"Ray did not start ({reason}; {load} for {os.cpu_count()} cores): trying again in {pause:.0f} s",
+              file=sys.stderr, flush=True)
+        time.sleep(pause)
+        attempt += 1
+
+
 def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.PathLike | None = None,
               log_to_driver: bool = False) -> dict[str, Any]:
     """Start a local Ray for a notebook, or join the cluster named by ``$RAY_ADDRESS``; say what was started.
@@ -248,7 +289,6 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
     else:
         if not isinstance(num_cpus, int) or isinstance(num_cpus, bool) or num_cpus < 1:
             raise ValueError(f"num_cpus must be a positive integer, got {num_cpus!r}")
-        timeout_s = _start_timeout_s()
         tmp = private_dir(ray_temp_dir(temp_dir))
         if not ({"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"} & set(os.environ)):
             # Ray would otherwise write one to ~/.ray/auth_token
@@ -257,38 +297,7 @@ def ray_start(num_cpus: int, num_gpus: int | None = None, temp_dir: str | os.Pat
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)  # "token authentication is enabled": it is, on purpose
         try:
-            while True:
-                reason = None
-                try:
-                    with _local_ray_settings(ray, timeout_s):
-                        ctx = ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                                       log_to_driver=log_to_driver, ignore_reinit_error=True, _temp_dir=str(tmp),
-                                       _node_ip_address=LOOPBACK, logging_level=logging.WARNING,
-                                       _system_config={"enable_metrics_collection": False,
-                                                       "worker_register_timeout_seconds": int(timeout_s)})
-                except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
-                    if not _retryable(exc):
-                        raise
-                    reason = str(exc).split(". ")[0].rstrip(".")
-                    why = _raylet_death_reason(tmp)
-                    reason = f"{reason}: {why}" if why else reason
-                if reason is None:
-                    break
-                # out of the except block: the failure's traceback (which holds the half-made node and its GCS
-                # client) is gone before its processes are stopped, and the error below does not carry it
-                _forget_failed_start(ray)
-                gc.collect()
-                _stop_ray_children()
-                load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "a busy machine"
-                if attempt == _RAY_START_ATTEMPTS:
-                    raise RuntimeError(f"Ray did not start in {attempt} tries ({reason}; {load} for "
-                                       f"{os.cpu_count()} cores): try again when the machine is quieter, or "
-                                       f"raise DLO_RAY_START_TIMEOUT_S (now {timeout_s:.0f} s)")
-                pause = _RAY_START_BACKOFF_S * 2 ** (attempt - 1)
-                print(f"Ray did not start ({reason}; {load} for {os.cpu_count()} cores): trying again in "
-                      f"{pause:.0f} s", file=sys.stderr, flush=True)
-                time.sleep(pause)
-                attempt += 1
+            ctx, attempt = _start_local_ray(ray, num_cpus, num_gpus, tmp, log_to_driver)
         finally:
             auth_log.setLevel(level)
     resources = ray.cluster_resources()
