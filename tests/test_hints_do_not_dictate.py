@@ -34,18 +34,10 @@ MIN_CHARS = 20
 #: Steps whose student copy, hints or messages still contain a solution line (measured when this test was written):
 #: remove a step once it is fixed.
 STILL_DICTATING: set[str] = {
-    "dp_scratch/buckets",
-    "dp_scratch/no_sync",
-    "hpo/search_space",
-    "hpo/report_prune",
-    "jit/graph_break",
-    "jit/compiled_step",
     "jour1/amp",
     "jour1/fp16",
     "jour1/fp16_clip",
     "jour1/cudnn",
-    "optimizers/warmup",
-    "optimizers/lion",
 }
 
 #: Steps whose wrong-answer messages are checked here too (their corpus is run again: single-process checkers only).
