@@ -244,6 +244,10 @@ def test_a_real_wait_keeps_the_cheapest_setting_that_is_not_slower():
     ms["workers=1, prefetch=2"] = _m("b", 0.150)
     kept, s = keep_sentence(ms, cost, wait_fraction=0.6)
     assert kept == "workers=2, prefetch=2" and "slower beyond the noise" in s
+    shaky = {k: Measurement(k, [t * (1 + 0.05 * (2 - c[0])) for t in (0.1, 0.3, 0.1, 0.3, 0.2)], 64, steady=True)
+             for k, c in cost.items()}  # a spread of 100 %: unsteady; the most workers have the highest median
+    kept, s = keep_sentence(shaky, cost, wait_fraction=0.6)
+    assert kept == "workers=0" and "by default" in s and "could not be told apart" in s
 
 
 class _Recorder:

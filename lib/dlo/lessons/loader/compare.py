@@ -73,8 +73,12 @@ def keep_sentence(ms: Mapping[str, Measurement], cost: Mapping[str, Sequence[flo
     if kept == fastest:
         return kept, (f"Keep {kept}: the highest median of the interleaved rounds ({rounds} each), and every cheaper "
                       f"setting is slower beyond the noise ({detail or 'none is cheaper'}).")
-    return kept, (f"Keep {kept}: the cheapest setting not slower than the highest median ({fastest}) beyond the "
-                  f"noise, over {rounds} interleaved rounds each ({detail}).")
+    if verdicts[kept] == "same":
+        return kept, (f"Keep {kept}: the cheapest setting, as fast as the highest median ({fastest}) within the noise "
+                      f"over {rounds} interleaved rounds each ({detail}).")
+    return kept, (f"Keep {kept}, the cheapest, by default: it could not be told apart from the highest median "
+                  f"({fastest}) over {rounds} interleaved rounds each, nothing was shown slower beyond the noise "
+                  f"({detail}).")
 
 
 def epoch_starts_interleaved(loaders: Mapping[str, Any], n_epochs: int) -> dict[str, list[float]]:
