@@ -60,14 +60,14 @@ def rank_device(ctx) -> torch.device:
 # ---------------------------------------------------------------------------------------------------
 def wrap_model(model: nn.Module, ctx, device: torch.device, *, sync_bn: bool = False, bucket_cap_mb: float = 25.0,
                find_unused_parameters: bool = False) -> nn.Module:
-    """Move ``model`` to ``device`` and, when there are several processes, wrap it in DDP.
+    """The model on ``device``, ready for data-parallel training.
 
-    * ``sync_bn``: convert BatchNorm layers to SyncBatchNorm *before* wrapping (statistics over the
-      global batch instead of each process's slice; costs one extra all-reduce per BN layer).
-    * ``device_ids=[device.index]`` on a GPU; ``None`` on the CPU (DDP then uses the module's device).
-    * ``bucket_cap_mb`` and ``find_unused_parameters`` are passed on to DDP.
-    With a single process (``ctx.is_distributed`` is False) there is nothing to synchronise: return the
-    model itself, so the same script runs with plain ``python``.
+    * ``sync_bn``: BatchNorm computes its statistics over the global batch instead of each process's slice
+      (one extra all-reduce per BN layer); the wrapper must see the converted layers.
+    * The wrapper must know the model's GPU when there is one; on the CPU there is none to give.
+    * ``bucket_cap_mb`` and ``find_unused_parameters`` are DDP's options, chosen by the caller.
+    With a single process (``ctx.is_distributed`` is False) there is nothing to synchronise and no process
+    group: the plain model is what trains, so the same script runs with plain ``python``.
     """
     # BEGIN SOLUTION: SyncBatchNorm conversion if asked, .to(device), then DDP(...) when ctx.is_distributed
     if sync_bn:
@@ -86,12 +86,10 @@ def wrap_model(model: nn.Module, ctx, device: torch.device, *, sync_bn: bool = F
 def make_train_loader(dataset, ctx, global_batch: int, *, seed: int = 0, num_workers: int = 0):
     """A DataLoader over this rank's shard of ``dataset``, and the sampler that defines the shard.
 
-    The *global* batch (what the optimizer sees per step) is split evenly: each rank loads
-    ``global_batch // world_size`` images (``dlo.parallel.ddp.per_rank_batch`` checks it divides). A
-    ``DistributedSampler`` shuffles all indices with the same seed on every rank, then gives rank r every
-    world_size-th index starting at r: the shards are disjoint and together cover the dataset.
-    ``drop_last=True`` on the sampler keeps the shards the same length (no padding with repeated images).
-    Returns ``(loader, sampler)``.
+    The *global* batch (what the optimizer sees per step) is split evenly between the ranks, and a global
+    batch that does not split is refused with a ValueError. The shards must be disjoint and together cover
+    the dataset, so every rank must draw the same shuffle (the same seed); they must also have the same
+    length, without padding a shard with repeated images. Returns ``(loader, sampler)``.
     """
     # BEGIN SOLUTION: per_rank_batch(...), DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True, seed=seed, drop_last=True), data.make_loader(..., sampler=sampler)
     batch = per_rank_batch(global_batch, ctx.world_size)
@@ -147,8 +145,8 @@ def train_epoch(model, loader, sampler, epoch: int, optimizer, criterion, device
 def reduce_metrics(loss_sum: torch.Tensor, correct: torch.Tensor, count: torch.Tensor) -> dict[str, float]:
     """Mean loss and accuracy over *all* ranks' images, identical on every rank.
 
-    Sum the three numbers over the ranks (one ``all_reduce`` of one small tensor, not three), then divide:
-    averaging each rank's accuracy would be wrong when shards differ in size. Without a process group
+    Averaging each rank's accuracy would be wrong when shards differ in size: the totals are what add up
+    over the ranks. One collective for the three numbers costs less than three. Without a process group
     (one process) the local numbers are the global ones.
     """
     # BEGIN SOLUTION: stack into one float64 tensor, dist.all_reduce(..., op=SUM) if dist.is_initialized(), divide by the count

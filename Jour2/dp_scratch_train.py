@@ -254,7 +254,7 @@ class BucketedGradSync(GradSync):
                 offset += self.params[i].numel()
             first = self.params[members[0]]
             self.buffers.append(torch.zeros(offset, dtype=first.dtype, device=first.device))
-        self.ready = [0] * len(self.plan)
+        self.ready = [0 for _ in self.plan]  # gradients copied into each bucket so far
         self.pending: list[tuple[int, Any]] = []  # (bucket, handle) launched during this backward
         # BEGIN SOLUTION: Tensor.register_post_accumulate_grad_hook on self.params (the trained ones), self.hook_handles
         for p in self.params:
@@ -292,7 +292,7 @@ class BucketedGradSync(GradSync):
 # ---------------------------------------------------------------------------------------------------
 def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
                            criterion: Callable, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """One optimizer step over ``k = len(micro_batches)`` micro-batches, equal to one step on their concatenation.
+    """One optimizer step over the k micro-batches given, equal to one step on their concatenation.
 
     After it, the weights are those one optimizer step on the k micro-batches together would give, the same
     on every rank, and it returns the mean of the k micro-batches' losses (a number or a detached tensor).
@@ -304,7 +304,7 @@ def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequ
     """
     # BEGIN SOLUTION: optimizer.zero_grad(), sync.no_sync() (a context manager; contextlib.nullcontext() for none), criterion(model(x), y), Tensor.backward(), sync.finish(), optimizer.step(), Tensor.detach()
     k = len(micro_batches)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()
     losses = []
     for i, (x, y) in enumerate(micro_batches):
         quiet = sync.no_sync() if i < k - 1 else contextlib.nullcontext()

@@ -228,7 +228,7 @@ class BucketedGradSync(GradSync):
                 offset += self.params[i].numel()
             first = self.params[members[0]]
             self.buffers.append(torch.zeros(offset, dtype=first.dtype, device=first.device))
-        self.ready = [0] * len(self.plan)
+        self.ready = [0 for _ in self.plan]  # gradients copied into each bucket so far
         self.pending: list[tuple[int, Any]] = []  # (bucket, handle) launched during this backward
         # TODO: Send fewer, larger messages: group the gradients into flat buckets of a given size, in the order backward produces them, and average each bucket as soon as it holds all its gradients.
         # (run `dlo hint dp_scratch buckets` for a hint)
@@ -252,7 +252,7 @@ class BucketedGradSync(GradSync):
 # ---------------------------------------------------------------------------------------------------
 def train_step_accumulated(model: nn.Module, sync: GradSync, micro_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
                            criterion: Callable, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """One optimizer step over ``k = len(micro_batches)`` micro-batches, equal to one step on their concatenation.
+    """One optimizer step over the k micro-batches given, equal to one step on their concatenation.
 
     After it, the weights are those one optimizer step on the k micro-batches together would give, the same
     on every rank, and it returns the mean of the k micro-batches' losses (a number or a detached tensor).
