@@ -203,9 +203,11 @@ def test_hfu_counts_the_recomputed_forwards_and_mfu_does_not():
     assert fsdp.recomputed_layers(28, "none", 1) == 0
     out = fsdp.throughput(cfg, s, 2, 0.4, "cpu", precision="bf16", gpu_name="NVIDIA H100 80GB HBM3",
                           recomputed_layers=28)
-    assert out["mfu"] == pytest.approx(2 * s / 0.4 * F.flops_per_token(cfg, s) / 989e12)
-    assert out["hfu"] / out["mfu"] == pytest.approx(full / F.flops_per_token(cfg, s))
-    assert 1.3 < out["hfu"] / out["mfu"] < 8 / 6
+    head = F.flops_per_token(cfg, s, include_head=True) - F.flops_per_token(cfg, s)
+    assert out["mfu"] == pytest.approx(2 * s / 0.4 * F.flops_per_token(cfg, s, include_head=True) / 989e12)
+    assert out["mfu_no_head"] == pytest.approx(2 * s / 0.4 * F.flops_per_token(cfg, s) / 989e12)
+    assert out["hfu"] / out["mfu"] == pytest.approx((full + head) / (F.flops_per_token(cfg, s) + head))
+    assert 1.25 < out["hfu"] / out["mfu"] < 8 / 6  # the head is not recomputed: a bit below no-head 4/3
 
 
 # --------------------------------------------------------------------------------------------------

@@ -331,7 +331,8 @@ def run(args, ctx, device, dataset, name: str) -> dict:
             f"({record['collective_bytes_per_step'] / 2**20:.2f} MiB) per step"
             + (f", exposed communication {exposed * 1e3:.1f} ms" if exposed is not None else ""))
     if record["status"] == "ok":
-        mfu = (f", MFU {record['mfu']:.1%}, HFU {record['hfu']:.1%}" if record.get("mfu") is not None else "")
+        mfu = (f", MFU {record['mfu']:.1%} with the LM head ({record['mfu_no_head']:.1%} without), "
+               f"HFU {record['hfu']:.1%}" if record.get("mfu") is not None else "")
         say(f"[{name}] loss {record['losses'][0]:.3f} -> {record['losses'][-1]:.3f}, "
             f"{record['tokens_per_s']:,.0f} tokens/s{mfu}, peak {record['peak_memory_gb']:.2f} GB "
             f"({record['memory_kind']}), predicted {record['predicted_gb']:.2f} GB; AdamW "

@@ -90,8 +90,11 @@ def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_s
                gpu_name: str | None = None, recomputed_layers: float = 0) -> dict[str, Any]:
     """tokens/s of the whole run, MFU and HFU (``dlo.measure.flops``) per GPU.
 
-    MFU counts the model's FLOPs (``6N + 12·L·H·S``, non-embedding N), HFU also the ``recomputed_layers``
-    layer forwards that activation checkpointing runs again (:func:`recomputed_layers`; 0: HFU = MFU).
+    MFU counts the model's FLOPs (``6N + 12·L·H·S``), with N the non-embedding parameters *and the LM head*
+    (``flops_per_token(..., include_head=True)``): the convention of torchtitan's and Megatron-LM's MFU figures,
+    which the course compares with; ``mfu_no_head`` leaves the head out (the scaling-law convention; the head is
+    ~11 % of Llama 3.2 3B's FLOPs at 2,048 tokens). HFU also counts the ``recomputed_layers`` layer forwards that
+    activation checkpointing runs again (:func:`recomputed_layers`; 0: HFU = MFU).
     Both divide by the peak of the precision the step computes in (:func:`compute_precision` of
     ``precision``, one of :data:`PRECISIONS`): an fp32 run on an H100 is measured against 67 TFLOP/s, not
     the 989 of bf16, which would report an MFU 15x too low. ``gpu_name``: the name as
@@ -100,17 +103,20 @@ def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_s
 
     device = torch.device(device)
     tokens_per_s = global_batch * seq_len / median_step_s
-    fpt = flops_per_token(cfg, seq_len)
-    hw_fpt = hardware_flops_per_token(cfg, seq_len, recomputed_layers=recomputed_layers)
+    fpt = flops_per_token(cfg, seq_len, include_head=True)
+    fpt_no_head = flops_per_token(cfg, seq_len)
+    hw_fpt = hardware_flops_per_token(cfg, seq_len, recomputed_layers=recomputed_layers) + (fpt - fpt_no_head)
     peak_precision = compute_precision(precision, device)
     if gpu_name is None and device.type == "cuda":
         gpu_name = torch.cuda.get_device_name(device)
     spec = gpu_peak(gpu_name, dtype=peak_precision)
     peak = n_devices * spec.peak_flops if spec else None
-    return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "hardware_flops_per_token": hw_fpt,
+    return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "flops_per_token_no_head": fpt_no_head,
+            "hardware_flops_per_token": hw_fpt, "mfu_counts": "6N + 12·L·H·S, N with the LM head (as torchtitan, Megatron-LM)",
             "recomputed_layers": recomputed_layers, "gpu": spec.name if spec else None,
             "peak_precision": peak_precision, "peak_flops": peak,
             "mfu": mfu(tokens_per_s, fpt, peak) if spec else None,
+            "mfu_no_head": mfu(tokens_per_s, fpt_no_head, peak) if spec else None,
             "hfu": hfu(tokens_per_s, hw_fpt, peak) if spec else None}
 
 
