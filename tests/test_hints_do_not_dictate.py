@@ -34,7 +34,6 @@ MIN_CHARS = 20
 #: Steps whose student copy, hints or messages still contain a solution line (measured when this test was written):
 #: remove a step once it is fixed.
 STILL_DICTATING: set[str] = {
-    "jour1/amp",
     "jour1/fp16",
     "jour1/fp16_clip",
     "jour1/cudnn",
