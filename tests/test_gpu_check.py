@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from dlo.measure.bench import Measurement
+
 from dlo.cli import build_parser
 from dlo.course import gpu_check as gc
 from dlo.course.checks import load_exercises
@@ -123,20 +125,15 @@ def test_shrink_replaces_only_the_values_of_size_flags():
 
 
 def test_parsers_read_their_records(tmp_path):
-    (tmp_path / "results.json").write_text(json.dumps({"final_speedup": 12.5, "final_step": "6 batch 512"}))
+    (tmp_path / "results.json").write_text(json.dumps({"final_speedup": 12.5, "final_step": "6 batch 512",
+                                                       "final_decision": "faster"}))
     assert gc._jour1_parse(tmp_path, None)[0] == 12.5
     (tmp_path / "results.json").write_text(json.dumps({"final_speedup": None, "final_sentence": "No ratio: x."}))
     value, details = gc._jour1_parse(tmp_path, None)
     assert value is None and "No ratio" in details["why"]
 
-    recs = [{"kind": k, "implementation": i, "speedup": s}
-            for k, i, s in [("mixup", "loop", 1.0), ("mixup", "batched", 80.0), ("cutmix", "loop", 1.0),
-                            ("cutmix", "batched", 40.0)]]
-    (tmp_path / "mix.json").write_text(json.dumps({"records": recs}))
-    assert gc._mix_parse(tmp_path, None) == (40.0, {"speedup_by_kind": {"mixup": 80.0, "cutmix": 40.0}})
-
     fsdp = [{"rank": 1, "status": "ok", "mfu": 0.9}, {"rank": 0, "status": "ok", "mfu": 0.42, "tokens_per_s": 1}]
-    assert gc._fsdp_parse(tmp_path, fsdp)[0] == pytest.approx(42.0)
+    assert gc._fsdp_parse(tmp_path, fsdp)[0] == pytest.approx(42.0)  # the old output: mfu only
     oom = gc._fsdp_parse(tmp_path, [{"rank": 0, "status": "oom", "error": "CUDA out of memory"}])
     assert oom[0] is None and "out of memory" in oom[1]["why"]
 
@@ -234,8 +231,11 @@ def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
         "skipped: needs dlo_package_that_is_not_installed (not installed here)"
     failing = rows["tests/fixtures/failing.ipynb"]["verdict"]
     assert failing.startswith("failed: failing.ipynb: code cell 2 (answer = 1 / zero) failed with ZeroDivisionError")
-    for name in ("mixcutmix", "pipeline_1f1b", "tp_vs_dtensor"):
+    for name in ("pipeline_1f1b", "tp_vs_dtensor"):
         assert rows[name]["verdict"] == "dry run: not judged" and rows[name]["value"] > 0, rows[name]
+    mix = rows["mixcutmix"]  # read when steady and decided; on a busy machine refused, saying why (never a pass)
+    assert (mix["verdict"] == "dry run: not judged" and mix["value"] > 0) or \
+        (mix["value"] is None and mix["verdict"].startswith("no value: refused: ")), mix
     assert rows["fsdp_mfu"]["details"]["status"] == "ok", rows["fsdp_mfu"]
     assert rows["race"]["details"]["data"] == "generated", rows["race"]
     table = done.stdout[done.stdout.index("notebook or benchmark"):]
@@ -321,3 +321,62 @@ def test_a_notebook_that_needs_more_gpus_is_skipped_and_a_missing_import_is_name
     assert "optuna" in hpo and "IPython" in hpo and "IPython" not in missing_packages(ROOT / "Jour4" / "hpo.ipynb")
     row = gc.rehearse_notebook(fixtures / "needs_two_gpus.ipynb", tmp_path / "two", dry=True, timeout_s=300)
     assert row["verdict"].startswith("skipped: needs 2 GPUs, 1 visible (needs_two_gpus.ipynb: code cell 2"), row
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsers refuse a value whose measurement is not steady or not decided
+# --------------------------------------------------------------------------------------------------
+
+def _timed(name, seconds, rounds=8, jitter=(0.99, 1.0, 1.01, 1.0), steady=True):
+    return Measurement(name=name, times_s=[seconds * jitter[i % len(jitter)] for i in range(rounds)], items_per_call=16,
+                       steady=steady).to_record()
+
+
+def _mix(tmp_path, loop, batched):
+    recs = []
+    for kind in ("mixup", "cutmix"):
+        recs += [{"kind": kind, "implementation": "loop", "speedup": 1.0, "measurement": loop},
+                 {"kind": kind, "implementation": "batched", "measurement": batched,
+                  "speedup": loop["median_s"] / batched["median_s"]}]
+    (tmp_path / "mix.json").write_text(json.dumps({"records": recs}))
+    return gc._mix_parse(tmp_path, None)
+
+
+def test_mix_bench_is_read_only_when_steady_and_decided(tmp_path):
+    value, details = _mix(tmp_path, _timed("loop", 1.0), _timed("batched", 0.02))
+    assert value == pytest.approx(50.0) and details["spread_by_kind"]["mixup"]["loop"] == pytest.approx(0.005)
+    # the dry run's 19x: a loop whose repeats spread over 100 % -- no value, and the line says why
+    value, details = _mix(tmp_path, _timed("loop", 1.0, jitter=(0.5, 1.0, 2.0, 1.0)), _timed("batched", 0.05))
+    assert value is None and details["why"].startswith("refused: mixup: unsteady (the repeats of loop spread over")
+    value, details = _mix(tmp_path, _timed("loop", 1.0, rounds=3), _timed("batched", 0.02, rounds=3))
+    assert value is None and "mixup: undecided (3 and 3 repeats are too few" in details["why"]
+    (tmp_path / "mix.json").write_text(json.dumps({"records": [{"kind": "mixup", "implementation": "loop",
+                                                                "speedup": 1.0},
+                                                               {"kind": "mixup", "implementation": "batched",
+                                                                "speedup": 80.0}]}))
+    assert "no measurement recorded" in gc._mix_parse(tmp_path, None)[1]["why"]
+
+
+def test_jour1_speedup_is_refused_unless_its_final_comparison_is_decided(tmp_path):
+    steady = {"final": _timed("final", 0.5), "baseline": _timed("baseline", 1.0)}
+    results = {"final_speedup": 2.0, "final_decision": "faster", "final_comparison": steady, "final_sentence": "s"}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    assert gc._jour1_parse(tmp_path, None)[0] == 2.0
+    (tmp_path / "results.json").write_text(json.dumps({**results, "final_decision": "undecided"}))
+    value, details = gc._jour1_parse(tmp_path, None)
+    assert value is None and details["why"].startswith("refused: the final comparison is undecided")
+    wild = {**steady, "baseline": _timed("baseline", 1.0, jitter=(0.3, 1.0, 3.0, 1.0))}
+    (tmp_path / "results.json").write_text(json.dumps({**results, "final_comparison": wild}))
+    assert "the final comparison is unsteady" in gc._jour1_parse(tmp_path, None)[1]["why"]
+    (tmp_path / "results.json").write_text(json.dumps({"final_speedup": 1.0, "final_step": "0 baseline"}))
+    assert "no decision was recorded" in gc._jour1_parse(tmp_path, None)[1]["why"]  # the old 1.0 is not a value
+
+
+def test_fsdp_mfu_reads_the_figure_with_the_lm_head_and_shows_both(tmp_path):
+    rec = {"rank": 0, "status": "ok", "mfu": 0.42, "mfu_no_head": 0.37, "tokens_per_s": 1}
+    value, details = gc._fsdp_parse(tmp_path, [rec])
+    assert value == pytest.approx(42.0) and details["mfu_no_head"] == 0.37
+    assert details["compared"] == ("mfu: LM head included, as torchtitan and Megatron count it (without the head: "
+                                   "37.0 %)")
+    value, details = gc._fsdp_parse(tmp_path, [{**rec, "timing": {"steady": False}}])
+    assert value is None and "did not reach steady timings" in details["why"]
