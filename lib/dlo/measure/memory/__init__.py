@@ -28,6 +28,8 @@ step's peak term by term; fits, min_gpus, max_batch) and ``tracker`` (:class:`Te
 """
 from __future__ import annotations
 
+from dlo.models.config import TransformerConfig  # the type of every config argument, for notebooks' own configs
+
 from .calculator import (
     GB, GiB, OPTIMIZERS, PRECISIONS, STRATEGIES, ACTIVATION_METHODS, count_parameters, hf_parameter_count,
     parameter_count, training_memory, activation_memory_per_token, activation_memory, per_gpu_memory,
