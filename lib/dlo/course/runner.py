@@ -9,6 +9,9 @@ A log must tell a slow job from a hung one, so progress comes out as text (:mod:
 bars become a line when they start, at most one line per bar every 15 s (``DLO_PROGRESS_INTERVAL``) and their
 final state; a bar redrawn with ``\r`` by other code is written at that rate too; and a cell that prints nothing
 for 30 s (twice the interval) gets a ``--- code cell N/M still running`` line.
+
+The streamed output is written by :mod:`dlo.course.notebook_stream`; the plain engine runs the cells in
+:mod:`dlo.course.plain_engine`.
 """
 from __future__ import annotations
 
@@ -17,15 +20,15 @@ import collections
 import contextlib
 import json
 import os
-import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, TextIO
 
 from dlo.course.notebooks import (NotebookArgumentError, NotebookError, _source, check_parameter_types,
                                   parameters_of, resolve_profile)
+from dlo.course.notebook_stream import NOISE, LineFilter, _Stream
+from dlo.course.plain_engine import execute_plain
 from dlo.runtime import progress
 from dlo.runtime.paths import RUNS_DIR, env_with_dlo, probe_writable
 
@@ -34,10 +37,6 @@ THIS_PYTHON_KERNEL = "dlo-this-python"  # the stand-in kernel: ipykernel in the 
 # the kernel gets this Python's bin folder first on its PATH, so that `!dlo hint ...` in a notebook finds `dlo`
 INSTALL_KERNEL = ('{python} -m ipykernel install --user --name {name} --display-name "Python ({name})" '
                   '--env PATH "{bin}:${{PATH}}"')
-
-# Lines left out of the streamed output (never out of the executed notebook).
-NOISE = re.compile(r"^USDT:|KeyboardInterrupt caught in kernel|Kernel is running over TCP without encryption")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # colours, cursor moves, titles
 
 
 def _prepare(notebook: str | Path, profile: str, parameters: dict[str, Any] | None,
@@ -150,191 +149,6 @@ def _validate_child() -> None:
     real.write(json.dumps({"profile": profile, "error": error}) + "\n")
     real.flush()
 
-
-# --------------------------------------------------------------------------------------------------
-# The streamed output
-# --------------------------------------------------------------------------------------------------
-
-class LineFilter:
-    """A write-only text stream that passes whole lines on to ``target``, leaving out the lines that match
-    ``NOISE`` and every colour code. A line ended by ``\r`` (a progress bar redrawn in place) is written as a
-    line of its own, at most one every ``every_s`` seconds (default :func:`dlo.runtime.progress.interval_s`);
-    the redraws in between are dropped. ``clock``: replaces ``time.monotonic`` (tests)."""
-
-    def __init__(self, target: TextIO, every_s: float | None = None, clock: Any = time.monotonic) -> None:
-        self.target = target
-        self.every_s = progress.interval_s() if every_s is None else every_s
-        self.clock = clock
-        self._partial = ""
-        self._redrawn_at: float | None = None
-        self._lock = threading.Lock()
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            pieces = re.split(r"(?<=[\r\n])", (self._partial + text).replace("\r\n", "\n"))
-            self._partial = pieces.pop()  # "" when the text ended a line
-            self._emit(pieces)
-        return len(text)
-
-    def _emit(self, lines: list[str]) -> None:
-        kept = []
-        for line in lines:
-            line = _ANSI.sub("", line)
-            if not line or NOISE.search(line):
-                continue
-            if line.endswith("\r"):  # a redraw: its text, as a line, at a bounded rate
-                line = line.strip()
-                now = self.clock()
-                if not line or (self._redrawn_at is not None and now - self._redrawn_at < self.every_s):
-                    continue
-                self._redrawn_at, line = now, line + "\n"
-            kept.append(line)
-        if kept:
-            self.target.write("".join(kept))
-            self.target.flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            partial, self._partial = self._partial, ""
-            self._emit([partial])
-        self.target.flush()
-
-    def end_line(self) -> None:
-        """End the line in progress, if any (at a cell's end: the next line starts on a line of its own)."""
-        with self._lock:
-            partial, self._partial = self._partial, ""
-            if partial.strip():
-                self._emit([partial + "\n"])
-
-    def isatty(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        """What code reads of a stream besides writing to it (``encoding``, ``errors``, ``fileno()``; Ray reads
-        ``sys.stdout.encoding``): the target's."""
-        if name == "target":  # not set yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.target, name)
-
-
-class _Watchdog:
-    """A daemon thread that writes ``--- code cell N/M still running ...`` to ``out`` when the running cell has
-    printed nothing for ``silence_s`` seconds (again every ``silence_s`` while it stays silent)."""
-
-    def __init__(self, out: TextIO, silence_s: float) -> None:
-        self.out, self.silence_s = out, silence_s
-        self.cell: tuple[int, int, float] | None = None  # (number, total, when it started)
-        self.last = time.monotonic()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        if silence_s > 0:
-            self._thread.start()
-
-    def started(self, number: int, total: int) -> None:
-        with self._lock:
-            self.cell, self.last = (number, total, time.monotonic()), time.monotonic()
-
-    def heard(self) -> None:
-        self.last = time.monotonic()
-
-    def _run(self) -> None:
-        while not self._stop.wait(min(1.0, self.silence_s / 4)):
-            with self._lock:
-                now = time.monotonic()
-                if self.cell is None or now - self.last < self.silence_s:
-                    continue
-                number, total, since = self.cell
-                self.last = now
-            try:
-                self.out.write(f"--- code cell {number}/{total} still running ({now - since:.0f} s in this cell, "
-                               f"nothing printed for {self.silence_s:.0f} s)\n")
-                self.out.flush()
-            except (ValueError, OSError):
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-
-def _first_line(src: str) -> str:
-    return next((ln.strip() for ln in src.splitlines() if ln.strip()), "empty cell")[:60]
-
-
-def _cell_line(number: int, total: int, src: str, elapsed_s: float) -> str:
-    return f"--- code cell {number}/{total} ({elapsed_s:.1f} s elapsed): {_first_line(src)}"
-
-
-def _rich_text(output: dict[str, Any]) -> str | None:
-    """What a display or a cell's value shows in a text log: Markdown as written, a table or value as its text;
-    nothing for figures, widgets (tqdm bars) and bare ``<object at 0x...>`` representations."""
-    data = output.get("data", {})
-    if any(key.startswith("image/") or "widget" in key for key in data):
-        return None
-    text = data.get("text/markdown") or data.get("text/plain")
-    if text is None:
-        return None
-    text = "".join(text) if isinstance(text, list) else text
-    if re.fullmatch(r"<[^<>]* at 0x[0-9a-f]+>", text.strip()):
-        return None
-    return text if text.endswith("\n") else text + "\n"
-
-
-class _Stream:
-    """Where papermill's client sends each output as it arrives, and the cell-by-cell progress lines."""
-
-    def __init__(self, out: TextIO, err: TextIO, silence_s: float | None = None) -> None:
-        self.out, self.err = LineFilter(out), LineFilter(err)
-        self.numbers: dict[int, int] = {}  # cell index in the executed notebook -> number among the source's code cells
-        self.start = time.monotonic()
-        self.silence_s = 2 * progress.interval_s() if silence_s is None else silence_s
-        self.watchdog: _Watchdog | None = None
-
-    def begin(self, cells: list[Any]) -> None:
-        """Number the code cells as the source notebook does (papermill's injected parameters cell is not one)."""
-        code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-                and "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
-        self.numbers = {index: number for number, index in enumerate(code, 1)}
-        self.start = time.monotonic()
-        if self.watchdog is None:
-            self.watchdog = _Watchdog(self.out, self.silence_s)
-
-    def cell_start(self, cell: dict[str, Any], index: int | None) -> None:
-        if index in self.numbers:
-            self.err.end_line()
-            self.out.end_line()
-            self.out.write(_cell_line(self.numbers[index], len(self.numbers), _source(cell),
-                                      time.monotonic() - self.start) + "\n")
-            if self.watchdog is not None:
-                self.watchdog.started(self.numbers[index], len(self.numbers))
-
-    def output(self, output: dict[str, Any]) -> None:
-        if self.watchdog is not None:
-            self.watchdog.heard()
-        kind = output.get("output_type")
-        if kind == "stream":
-            text = "".join(output["text"]) if isinstance(output["text"], list) else output["text"]
-            (self.err if output.get("name") == "stderr" else self.out).write(text)
-        elif kind in ("execute_result", "display_data"):
-            text = _rich_text(output)
-            if text:
-                self.out.write(text)
-        elif kind == "error":
-            self.out.flush()
-            self.err.write(_ANSI.sub("", "\n".join(output.get("traceback", []))) + "\n")
-
-    def flush(self) -> None:
-        self.out.flush()
-        self.err.flush()
-
-    def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.stop()
-
-    def done(self) -> None:
-        self.out.write(f"--- {len(self.numbers)} code cells in {time.monotonic() - self.start:.1f} s\n")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -545,111 +359,6 @@ def run_notebook(notebook: str | Path, profile: str = "smoke", parameters: dict[
     return executed
 
 
-class _PlainOutput:
-    """What a notebook displays, as text, when its cells run as a plain script (``run_plain``).
-
-    It stands in for ``IPython.display`` (``display``, ``Markdown``, ``HTML``, ``clear_output``): Markdown as
-    written, DataFrames (and their Styler) as text tables, anything else through ``print``. Figures, which Jupyter
-    shows under the cell that drew them, are saved as PNG files in ``<out_dir>/figures/`` and announced by one line
-    (``[figure: its titles -> path]``), at ``plt.show()`` or at the end of the cell, then closed, as Jupyter's
-    inline backend does. Nothing here imports IPython: a GPU node may not have it, and pandas and matplotlib read
-    the real ``IPython`` module whenever one is in ``sys.modules`` (a stand-in under that name breaks them).
-    """
-
-    def __init__(self, figures_dir: Path) -> None:
-        self.figures_dir = figures_dir
-        self.cell = 0
-        self.saved: list[Path] = []
-
-    class Markdown:
-        def __init__(self, data: str = "", **_: Any) -> None:
-            self.data = data
-
-        def __str__(self) -> str:
-            return self.data
-
-    class HTML(Markdown):
-        def __str__(self) -> str:
-            return re.sub(r"<[^<>]+>", "", self.data)
-
-    def display(self, *objs: Any, **_: Any) -> None:
-        from matplotlib.figure import Figure
-
-        for obj in objs:
-            if isinstance(obj, Figure):
-                self.show_figure(obj)
-                continue
-            inner = getattr(obj, "data", None) if obj.__class__.__name__ == "Styler" else None
-            print(inner.to_string() if inner is not None else (obj.to_string() if hasattr(obj, "to_string") else obj))
-
-    @staticmethod
-    def clear_output(*_: Any, **__: Any) -> None:
-        """Nothing to clear in a log."""
-
-    def show_figure(self, fig: Any) -> None:
-        """Save ``fig`` under ``figures_dir``, print one line naming it, close it."""
-        import matplotlib.pyplot as plt
-
-        titles = [t for t in [getattr(fig, "_suptitle", None) and fig._suptitle.get_text(),
-                              *(ax.get_title() for ax in fig.axes)] if t]
-        self.figures_dir.mkdir(parents=True, exist_ok=True)
-        prefix = f"cell{self.cell:02d}-"
-        path = self.figures_dir / f"{prefix}{sum(p.name.startswith(prefix) for p in self.saved) + 1:02d}.png"
-        fig.savefig(path)
-        self.saved.append(path)
-        print(f"[figure: {' | '.join(titles) or 'untitled'} -> {path}]", flush=True)
-        plt.close(fig)
-
-    def show_open_figures(self, *_: Any, **__: Any) -> None:
-        """``plt.show()`` in plain mode, and the end of every cell: every open figure, in the order drawn."""
-        import matplotlib.pyplot as plt
-
-        for number in plt.get_fignums():
-            self.show_figure(plt.figure(number))
-
-    def module(self) -> Any:
-        """The stand-in ``IPython.display`` module."""
-        import types
-
-        mod = types.ModuleType("IPython.display")
-        mod.__doc__ = "dlo's plain-engine stand-in for IPython.display: displays as text, figures as files"
-        mod.Markdown, mod.HTML, mod.display, mod.clear_output = (self.Markdown, self.HTML, self.display,
-                                                                 self.clear_output)
-        return mod
-
-
-class _Heard:
-    """``sys.stdout`` or ``sys.stderr`` of the plain engine in a log: what is written goes through a
-    :class:`LineFilter` and tells the watchdog that the cell is not silent. ``flush()`` by the cells' code flushes
-    the file, not the line in progress (a bar redrawn with ``\r`` flushes after each redraw)."""
-
-    def __init__(self, target: LineFilter, watchdog: "_Watchdog") -> None:
-        self._target, self._watchdog = target, watchdog
-
-    def write(self, text: str) -> int:
-        self._watchdog.heard()
-        return self._target.write(text)
-
-    def flush(self) -> None:
-        self._target.target.flush()
-
-    def end_line(self) -> None:
-        self._target.end_line()
-
-    def isatty(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
 def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str, Any] | None = None,
               out_dir: str | Path | None = None, upto: int | None = None) -> dict[str, Any]:
     """Execute a notebook's code cells in order in this process, without Jupyter (no kernel, no papermill).
@@ -668,76 +377,8 @@ def run_plain(notebook: str | Path, profile: str = "smoke", parameters: dict[str
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     notebook, params, out = _prepare(notebook, profile, parameters, out_dir)
-    shown = _PlainOutput(out / "figures")
-    fake = shown.module()
-    saved = {"IPython.display": sys.modules.get("IPython.display")}
-    # `from IPython.display import display` finds this module in sys.modules without importing IPython itself
-    sys.modules["IPython.display"] = fake
-
-    def show(*_: Any, **__: Any) -> None:  # a function, not a bound method: pyplot sets attributes on plt.show
-        shown.show_open_figures()
-
-    plt_show, plt.show = plt.show, show
-    ns: dict[str, Any] = {"__name__": "__main__", "display": fake.display}
-    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
-    total = len(cells)
-    cells = cells[:upto] if upto is not None else cells
-    cwd = os.getcwd()
-    logged = not _is_terminal(sys.stdout)
-    watchdog, streams, undo_progress = None, (sys.stdout, sys.stderr), None
-    if logged:
-        watchdog = _Watchdog(sys.stdout, 2 * progress.interval_s())
-        sys.stdout, sys.stderr = _Heard(LineFilter(streams[0]), watchdog), _Heard(LineFilter(streams[1]), watchdog)
-        undo_progress = progress.install()
-    os.chdir(notebook.parent)
-    start = time.monotonic()
-    try:
-        for number, cell in enumerate(cells, 1):
-            src = _source(cell)
-            first = _first_line(src)
-            shown.cell = number
-            if logged:
-                sys.stderr.end_line()
-                sys.stdout.end_line()
-            print(_cell_line(number, total, src, time.monotonic() - start), flush=True)
-            if watchdog is not None:
-                watchdog.started(number, total)
-            try:
-                tree = ast.parse(src)
-                last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-                exec(compile(tree, f"{notebook.name}[{number}]", "exec"), ns)  # noqa: S102 - course code
-                if last is not None:
-                    value = eval(compile(ast.Expression(last.value), f"{notebook.name}[{number}]", "eval"), ns)
-                    if value is not None and not src.rstrip().endswith(";"):
-                        fake.display(value)
-                shown.show_open_figures()
-                if "parameters" in cell.get("metadata", {}).get("tags", []):
-                    ns.update(params)
-            except Exception as exc:  # noqa: BLE001 - reported in one line, like run_notebook
-                line = str(exc).splitlines()[0] if str(exc) else ""
-                raise NotebookError(f"{notebook.name}: code cell {number} ({first}) failed with "
-                                    f"{type(exc).__name__}: {line}") from exc
-    finally:
-        os.chdir(cwd)
-        plt.show = plt_show
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
-        if logged:
-            watchdog.stop()
-            undo_progress()
-            for wrapped in (sys.stdout, sys.stderr):
-                wrapped.end_line()
-                wrapped.flush()
-            sys.stdout, sys.stderr = streams
-    print(f"--- {len(cells)} code cells in {time.monotonic() - start:.1f} s"
-          + (f"; {len(shown.saved)} figure(s) in {shown.figures_dir}" if shown.saved else ""), flush=True)
-    return ns
+    return execute_plain(notebook, params, out, upto)
 
 
 def _describe_failed_cell(source: Path, executed: Path) -> str:
