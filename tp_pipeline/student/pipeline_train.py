@@ -203,7 +203,7 @@ def run_ours(args, ctx, device, schedule: str, m: int) -> dict:
         return {}
     v = args.virtual if schedule == "interleaved" else 1
     return {"schedule": schedule, "micro_batches": m, "stages": ctx.world_size, "virtual": v,
-            "step_s": statistics.median(times), "bubble": statistics.median(bubbles),
+            "step_s": statistics.median(times), "step_times_s": times, "bubble": statistics.median(bubbles),
             "bubble_theory": bubble_theory(ctx.world_size, m, v), "loss": losses[0], "final_loss": losses[-1],
             "max_in_flight": [s["max_in_flight"] for s in gathered],
             "peak_activation_bytes": [s["peak_activation_bytes"] for s in gathered],
@@ -252,7 +252,7 @@ def run_torch(args, ctx, device, schedule: str, m: int) -> dict:
     peaks: list = [None] * ctx.world_size
     dist.all_gather_object(peaks, peak)
     return {"schedule": schedule, "micro_batches": m, "stages": ctx.world_size, "virtual": 1,
-            "step_s": statistics.median(times), "bubble": None, "bubble_theory": bubble_theory(ctx.world_size, m),
+            "step_s": statistics.median(times), "step_times_s": times, "bubble": None, "bubble_theory": bubble_theory(ctx.world_size, m),
             "loss": step_losses[0], "final_loss": step_losses[-1], "max_in_flight": None,
             "peak_activation_bytes": None, "peak_memory_bytes": peaks, "events": None}
 
@@ -297,7 +297,7 @@ def run_deepspeed(args, ctx, device, schedule: str, m: int) -> dict:
     peaks: list = [None] * ctx.world_size
     dist.all_gather_object(peaks, peak)
     return {"schedule": schedule, "micro_batches": m, "stages": ctx.world_size, "virtual": 1,
-            "step_s": statistics.median(times), "bubble": None, "bubble_theory": bubble_theory(ctx.world_size, m),
+            "step_s": statistics.median(times), "step_times_s": times, "bubble": None, "bubble_theory": bubble_theory(ctx.world_size, m),
             "loss": step_losses[0], "final_loss": step_losses[-1], "max_in_flight": None, "peak_activation_bytes": None, "peak_memory_bytes": peaks,
             "events": None}
 
