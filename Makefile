@@ -61,7 +61,8 @@ run: $(STAMP)
 #    at a time keep two cores busy;
 # 3. every course notebook executed in the smoke profile by nbval, NBVAL_WORKERS notebooks at a time (each notebook
 #    stays in one kernel); OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads of one from spinning while another computes;
-# 4. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json.
+# 4. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json
+#    (tests/test_conclusions.py), and the claims pinned in tests/test_prose_claims.py read on those results.
 # Each test worker (and each process it starts, unless it sets its own) gets cores / workers threads
 # (OMP_NUM_THREADS; at least 1): workers that each use every core fight for them, and on small tensors the extra
 # threads cost more than they give (measured on 2 cores: nbval of four notebooks 15 % sooner with one thread each).
@@ -86,7 +87,7 @@ test: $(STAMP)
 	    DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax \
 	    --nbval-kernel-name dlo -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) --dist loadfile \
 	    --durations=15 $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
-	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py
+	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py tests/test_prose_claims.py
 
 # Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),
 # each in its own Python (dlo run --engine plain), alone: the second stage of `make test` runs them with the corpus.
