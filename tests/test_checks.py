@@ -112,6 +112,8 @@ def test_every_step_has_a_goal_and_three_hint_levels():
     for (course, step), h in hints.HINTS.items():
         assert h.goal and h.concept and h.tools, f"{course}/{step}"
         assert len(hints.levels(course, step)) == hints.LEVELS == 3
+    no_shape = sorted(f"{c}/{s}" for (c, s), h in hints.HINTS.items() if not h.shape)
+    assert not no_shape, f"steps without a level-2 hint (the shape of the computation, Hint.shape): {no_shape}"
 
 
 def test_cli_hint_gives_the_next_level_each_time_and_solution_prints_the_code(tmp_path):
