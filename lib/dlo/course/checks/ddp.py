@@ -145,6 +145,22 @@ def _check_shard(make_train_loader: Callable) -> str:
     expect(not set(seen[0]) & set(seen[1]), "the two ranks' shards overlap: use the same seed on every rank")
     expect(sorted(seen[0] + seen[1]) == list(range(40)), "together the shards must cover the dataset once per epoch")
     expect(seen[0] != sorted(seen[0]), "shuffle=True: the order should be random")
+    # the seed argument decides the shuffle (the same on every rank, a different one for another seed)
+    orders = {}
+    for seed in (3, 4):
+        loader, _ = make_train_loader(dataset, fake_context(0, 2), 8, seed=seed)
+        orders[seed] = [int(i) for (batch,) in loader for i in batch]
+    expect(orders[3] != orders[4], "seeds 3 and 4 gave the same shuffle: the sampler must use the seed argument")
+    # 41 images on 2 ranks: equal shards without repeating an image (a padded sampler repeats one)
+    odd = TensorDataset(torch.arange(41))
+    shards = [[int(i) for (batch,) in make_train_loader(odd, fake_context(rank, 2), 2, seed=1)[0] for i in batch]
+              for rank in (0, 1)]
+    both = shards[0] + shards[1]
+    expect(len(both) == len(set(both)),
+           f"41 images on 2 ranks: an image appears on both ranks ({sorted(set(i for i in both if both.count(i) > 1))})"
+           ": the sampler padded the shards with repeated images; drop the uneven tail instead")
+    expect(len(shards[0]) == len(shards[1]), f"41 images on 2 ranks: shards of {len(shards[0])} and {len(shards[1])} "
+                                             "images: every rank must take the same number of steps")
     try:
         make_train_loader(dataset, fake_context(0, 2), 9)
     except ValueError:
@@ -209,18 +225,23 @@ def _check_reduce(reduce_metrics: Callable) -> str:
         expect(isinstance(got, dict) and abs(got.get("loss", -1) - 0.5) < 1e-9 and abs(got.get("accuracy", -1) - 0.4) < 1e-9,
                 f"one process (no process group): expected loss 0.5, accuracy 0.4, got {got!r}")
     records = _run_ranks(reduce_metrics, 2)
-    # rank 0: loss sum 5 over 10 images, 4 right; rank 1: loss sum 40 over 30 images, 27 right
-    local = {0: (5 / 10, 4 / 10), 1: (40 / 30, 27 / 30)}
+    # rank 0: loss sum 5.1 over 10 images, 4 right; rank 1: loss sum 40.3 over 30 images, 27 right
+    local = {0: (5.1 / 10, 4 / 10), 1: (40.3 / 30, 27 / 30)}
+    in_fp32 = float(torch.tensor(5.1) + torch.tensor(40.3)) / 40
     for r in records:
         got = r["result"]
         expect(not all(abs(got.get(k, -1) - v) < 1e-9 for k, v in zip(("loss", "accuracy"), local[r["rank"]])),
                f"rank {r['rank']} returned its own shard's numbers (loss {got.get('loss')}): the sums over the ranks "
                "never reached what you return (a reduction into a copy that is not read back?)")
-        expect(abs(got.get("loss", -1) - 45 / 40) < 1e-9,
-                f"rank {r['rank']}: global loss is (5 + 40) / (10 + 30) = 1.125, got {got.get('loss')} "
-                "(averaging the ranks' means is wrong when shards differ in size)")
+        expect(not (abs(got.get("loss", -1) - in_fp32) < 1e-9 and abs(in_fp32 - 45.4 / 40) > 1e-9),
+               f"rank {r['rank']}: the loss {got.get('loss')!r} lost digits: the totals were summed in float32 (24 "
+               f"bits), expected {45.4 / 40!r}; over a real epoch's millions of images that error grows; keep the "
+               "totals in float64")
+        expect(abs(got.get("loss", -1) - 45.4 / 40) < 1e-9,
+               f"rank {r['rank']}: global loss is (5.1 + 40.3) / (10 + 30) = 1.135, got {got.get('loss')} "
+               "(averaging the ranks' means is wrong when shards differ in size)")
         expect(abs(got.get("accuracy", -1) - 31 / 40) < 1e-9,
-                f"rank {r['rank']}: global accuracy is (4 + 27) / 40 = 0.775, got {got.get('accuracy')}")
+               f"rank {r['rank']}: global accuracy is (4 + 27) / 40 = 0.775, got {got.get('accuracy')}")
     return "sums all-reduced over the ranks, then divided: the same global numbers on every rank"
 
 
