@@ -147,8 +147,9 @@ def _divisible(what: str, n: int, tp: int, where: str) -> None:
 class ColumnParallelLinear(nn.Module):
     """Rank r of tp keeps rows [r*n, (r+1)*n) of ``full.weight`` (out_features x in_features) and of the bias,
     n = out_features / tp, as its own Parameters ``weight`` / ``bias`` (clones: not views of ``full``).
-    forward: f on the input (unless ``copy_input=False``), the local linear, then the all-gather of the
-    output slices if ``gather_output``."""
+    Its output is this rank's slice of the output features (all of them, in order, with ``gather_output``), and
+    the input's gradient must be the full layer's -- unless ``copy_input=False``, for a caller that already
+    takes care of the input's gradient once for several layers."""
 
     def __init__(self, full: nn.Linear, group=None, *, gather_output: bool = False, copy_input: bool = True) -> None:
         super().__init__()
@@ -226,8 +227,9 @@ class VocabParallelEmbedding(nn.Module):
 # Balise 5 -- the parallel SwiGLU MLP: one all-reduce per forward
 # ===================================================================================================
 class ParallelSwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` from a :class:`dlo.models.llama.SwiGLU`: gate and up column-parallel, down
-    row-parallel. Apply f ONCE to x (gate and up both read it: two f's would all-reduce its gradient twice)."""
+    """A :class:`dlo.models.llama.SwiGLU` (``down(silu(gate(x)) * up(x))``) split over the group with your parallel
+    layers, so that a forward costs one all-reduce and a backward one (gate and up both read x: its gradient
+    must still be summed over the ranks only once)."""
 
     def __init__(self, full, group=None) -> None:
         super().__init__()
@@ -251,9 +253,9 @@ class ParallelSwiGLU(nn.Module):
 # ===================================================================================================
 class ParallelAttention(nn.Module):
     """From a :class:`dlo.models.llama.Attention`: rank r owns query heads [r*h/tp, (r+1)*h/tp) and K/V heads
-    [r*kv/tp, (r+1)*kv/tp) -- column-parallel q/k/v_proj (their rows are grouped by head), row-parallel
-    o_proj. Raise a clear ValueError when tp does not divide num_heads or num_kv_heads (use _divisible).
-    Rotary embeddings and attention are per head: use apply_rotary and causal_attention unchanged."""
+    [r*kv/tp, (r+1)*kv/tp), one all-reduce per forward, the output equal to the full module's. Raise a clear
+    ValueError when tp does not divide num_heads or num_kv_heads (use _divisible). Rotary embeddings and
+    attention are per head: apply_rotary and causal_attention work unchanged on a rank's heads."""
 
     def __init__(self, full, group=None) -> None:
         super().__init__()
@@ -445,8 +447,8 @@ def average_gradients(model: nn.Module, dp_group) -> None:
 
 
 def reduce_over_dp(loss_sum: torch.Tensor, count: torch.Tensor, dp_group) -> float:
-    """Validation loss over the whole validation set: sums over the DP group only (the ranks of a TP group
-    computed the SAME numbers; summing over the world would count them tp times), then divide."""
+    """Validation loss over the whole validation set, from each replica's sum of losses and count of tokens (the
+    ranks of a TP group computed the SAME numbers: counted once, not tp times)."""
     # BEGIN SOLUTION: total = all_reduce(torch.stack([loss_sum, count]).double(), dp_group, phase="metrics"); return total[0] / total[1]
     total = all_reduce(torch.stack([loss_sum.double(), count.double()]), dp_group, phase="metrics")
     return float(total[0] / total[1])
