@@ -7,6 +7,7 @@ transformers and the rest behind them) would cost each process seconds before an
 from __future__ import annotations
 
 import json
+import linecache
 import os
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,9 @@ def load_exercises(notebook: str | os.PathLike) -> dict[str, Any]:
         tags = cell.get("metadata", {}).get("tags", [])
         if cell["cell_type"] == "code" and ({"setup", "exercise"} & set(tags)):
             src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
-            exec(compile(src, f"{Path(notebook).name}:{tags}", "exec"), ns)  # noqa: S102 - course code
+            name = f"{Path(notebook).name}:{tags}:{id(cell)}"
+            linecache.cache[name] = (len(src), None, src.splitlines(True), name)  # the source, for inspect
+            exec(compile(src, name, "exec"), ns)  # noqa: S102 - course code
     return ns
 
 

@@ -17,6 +17,6 @@ __all__ = [
 
 # One module of checkers per course notebook; importing it registers its steps in REGISTRY.
 from . import (  # noqa: E402,F401
-    apis, attention, context, ddp, dp_scratch, experts, fsdp, grid, hpo, inference, jit, jour1, jour2, jour3, jour4,
-    pipeline, race, recipes, shapes, tp, transfer,
+    apis, attention, context, ddp, dp_scratch, experts, experts_dispatch, fsdp, grid, hpo, inference, jit, jour1,
+    jour2, jour3, jour4, pipeline, race, recipes, shapes, tp, transfer,
 )

@@ -21,6 +21,8 @@ from typing import Callable
 import torch
 
 from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.parallel import context as C
+from dlo.parallel.context import merge_partial as _library_merge
 
 CONTEXT_NB = "tp_tensor_parallel/context_parallel.ipynb"
 
@@ -215,9 +217,7 @@ class _CountingMerge:
     """The library's merge, counting its calls (a fully masked block must never reach it)."""
 
     def __init__(self) -> None:
-        from dlo.parallel.context import merge_partial
-
-        self.merge, self.calls = merge_partial, 0
+        self.merge, self.calls = _library_merge, 0
 
     def __call__(self, *args):
         self.calls += 1
@@ -303,8 +303,6 @@ RING_CASES = [
 
 @register("context", "ring_step", ("ring_step",), CONTEXT_NB)
 def _check_ring_step(ring_step: Callable) -> str:
-    from dlo.parallel import context as C
-
     g = torch.Generator().manual_seed(1)
     _check_kinds(ring_step, g)
     for where, cp, c, layout in RING_CASES:

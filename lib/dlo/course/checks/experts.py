@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.parallel.experts import keep_mask, top_k_routing
 
 EXPERTS_NB = "tp_fsdp/experts.ipynb"
 
@@ -192,8 +193,6 @@ def _routing_probs(g: torch.Generator, n: int, e: int, dtype: torch.dtype, ties:
 
 
 def _keep_candidates(index: torch.Tensor, e: int, cap: int) -> list[tuple[torch.Tensor, str]]:
-    from dlo.parallel.experts import keep_mask
-
     n, k = index.shape
     flat = index.reshape(-1)  # token-major: token 0's choices, then token 1's ...
     pos = (torch.nn.functional.one_hot(flat, e).cumsum(0) * torch.nn.functional.one_hot(flat, e)).sum(-1) - 1
@@ -213,8 +212,6 @@ def _keep_candidates(index: torch.Tensor, e: int, cap: int) -> list[tuple[torch.
 
 
 def _check_route(route_tokens: Callable, where: str, probs: torch.Tensor, k: int, cap: int | None) -> None:
-    from dlo.parallel.experts import top_k_routing
-
     want_index, want_weights, want_keep = top_k_routing(probs.double(), k, cap)
     leaf = probs.clone().requires_grad_()
     try:

@@ -39,4 +39,24 @@ HINTS: dict[tuple[str, str], Hint] = {
         "choices ...), give each its place in its own expert's queue (how many earlier decisions in that order "
         "chose the same expert), keep it when its place is below the capacity, and put the answers back in the "
         "[n, k] layout. No capacity: keep everything."),
+    ("experts", "dispatch"): _h(
+        "Send each of this rank's rows to the rank that holds its expert, run the experts there, and bring every "
+        "output back to its row's place, with every rank taking part in every exchange even when it has no row, "
+        "so that the experts can live on different GPUs.",
+        "all_to_all_single moves one slice of a tensor to each rank, and needs on both sides the size of every "
+        "slice: the receiver cannot guess how many rows a peer will send, so the counts travel first, in a small "
+        "exchange of their own. Rows are sent grouped by destination (grouped by expert, since the experts of a "
+        "rank are consecutive), and the answers come back in the order they left, so the caller's order must be "
+        "restored at the end. Collectives are matched by order, not by content: a rank with nothing to send still "
+        "joins each one, with empty tensors.",
+        "torch.argsort(..., stable=True), torch.bincount(..., minlength=...), torch.distributed.all_to_all_single("
+        "output, input, output_split_sizes, input_split_sizes, group=...), torch.distributed.get_world_size(group), "
+        "Tensor.view / sum / tolist for the split sizes, Tensor.new_empty, torch.repeat_interleave, indexing "
+        "with a permutation (or its inverse) for the way back.",
+        "Group the rows by expert and remember that permutation. Count the rows for every expert; exchange those "
+        "counts so that each rank learns how many rows every peer sends to each of its own experts. Add the counts "
+        "per rank to get the sizes to send and to receive, and exchange the rows. On the receiving side, the rows "
+        "come by source rank, and within a source by local expert: label each with its local expert from the "
+        "counts, and call run_local once. Exchange the outputs back with the two lists of sizes swapped, and undo "
+        "the permutation."),
 }

@@ -1,0 +1,95 @@
+"""Checker of the all_to_all dispatch and combine of tp_fsdp/experts.ipynb (``dlo check experts dispatch``).
+
+``dispatch_combine(rows, expert, num_experts, run_local, group=None)`` gets this rank's rows (one per kept routing
+decision, in any order) and the global expert of each, must send every row to the rank that holds its expert (``E /
+ep`` consecutive experts per rank), have that rank run ``run_local(received, local_expert)`` on the rows it received,
+and return the outputs in the order of ``rows``. The checker's ``run_local`` computes a different function per
+global expert, so a row sent to the wrong rank, given the wrong local expert, or brought back in the wrong order
+shows in the values; it also records what each rank received.
+
+1. In this process, in a process group of one (gloo): the rows must come back in their own order (not sorted), with
+   the right local expert ids; and a call with no row must make as many ``all_to_all_single`` calls as a call with
+   rows (a rank that skips an exchange leaves its peers waiting: a hang on NCCL).
+2. On 2 gloo processes (:mod:`dlo.course.checks.experts_dispatch_worker`), three cases in one launch: uneven counts
+   both ways, a rank that sends nothing, a rank that receives nothing; each rank compares with the single-process
+   reference (:func:`dlo.course.dispatch_cases.verdict`). The student's function travels as the source text of the cell or file that defines
+   it.
+"""
+from __future__ import annotations
+
+import inspect
+import linecache
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch.distributed as dist
+
+from dlo.course.checks.ddp import one_process_group
+from dlo.course.checks.framework import CheckFailed, expect, peer_records, register
+from dlo.course.dispatch_cases import CASES, case_inputs, verdict
+
+EXPERTS_NB = "tp_fsdp/experts.ipynb"
+WORKER = Path(__file__).with_name("experts_dispatch_worker.py")
+
+
+class _CountCalls:
+    """Counts torch.distributed.all_to_all_single calls while installed."""
+
+    def __init__(self) -> None:
+        self.calls, self.real = 0, dist.all_to_all_single
+
+    def __enter__(self):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return self.real(*args, **kwargs)
+        dist.all_to_all_single = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.all_to_all_single = self.real
+
+
+def source_of(fn: Callable) -> str:
+    """The source text of the cell or file that defines ``fn`` (what the check's processes run)."""
+    code = getattr(fn, "__code__", None)
+    lines = linecache.getlines(code.co_filename) if code is not None else []
+    if not lines and code is not None and Path(code.co_filename).is_file():
+        lines = Path(code.co_filename).read_text().splitlines(True)
+    if not lines:
+        try:
+            lines = inspect.getsource(fn).splitlines(True)
+        except (OSError, TypeError):
+            raise CheckFailed("cannot read the source of dispatch_combine to run it on 2 processes: define it in a "
+                              "notebook cell or a .py file") from None
+    return "".join(lines)
+
+
+@register("experts", "dispatch", ("dispatch_combine",), EXPERTS_NB)
+def _check_dispatch(dispatch_combine: Callable) -> str:
+    with one_process_group(), _CountCalls() as counter:
+        for case in range(len(CASES)):
+            rows, expert = case_inputs(case, 0)
+            if rows.shape[0]:
+                result = verdict(dispatch_combine, rows, expert, 0, 1, f"one process, {rows.shape[0]} rows")
+                expect(result == "ok", result)
+        with_rows = counter.calls
+        expect(with_rows > 0, "no all_to_all_single was called: the rows must travel to their experts' ranks")
+        counter.calls = 0
+        result = verdict(dispatch_combine, *case_inputs(1, 1), 0, 1, "one process, no row")
+        per_call = with_rows // sum(1 for c in range(len(CASES)) if case_inputs(c, 0)[0].shape[0])
+        expect(counter.calls == per_call,
+               f"with no row to send this rank made {counter.calls} all_to_all_single calls, {per_call} with rows: a "
+               "rank with nothing to send must still take part in every exchange, with empty tensors (its peers wait "
+               "for it: a hang)")
+        expect(result == "ok", result)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "dispatch_answer.py"
+        src.write_text(source_of(dispatch_combine))
+        records = peer_records(WORKER, [str(src)], 2, timeout_s=120)
+    wrong = [f"2 processes, rank {r['rank']}, {v}" for r in records for v in r["verdicts"] if v != "ok"]
+    named = [w for w in wrong if "differ" not in w]  # a named mistake (on the rank that saw it) before its effects
+    expect(not wrong, (named or wrong)[0] if wrong else "")
+    return ("rows sent to their experts' ranks, run there with the right local expert, back in their own order; equal "
+            "to one process on 2 gloo processes with uneven counts, a rank that sends nothing and one that receives "
+            "nothing; as many exchanges with no row as with rows")
