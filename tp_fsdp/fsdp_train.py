@@ -45,8 +45,8 @@ from dlo.parallel import fsdp as ref
 # Exercise 0 -- the baseline: DDP
 # ---------------------------------------------------------------------------------------------------
 def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
-    """Move the model to ``device``; with several processes wrap it in ``DistributedDataParallel``
-    (``device_ids=[device.index]`` on a GPU, ``None`` on the CPU). One process: return the model itself."""
+    """The model on ``device``; with several processes, replicated by DDP (which takes device ids on GPUs
+    only). With one process there is no process group: the model itself."""
     # BEGIN SOLUTION: model.to(device); return it alone when not ctx.is_distributed, else DDP(model, device_ids=...)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -101,9 +101,9 @@ def mixed_precision_policy(precision: str):
 # Exercise 3 -- activation checkpointing
 # ---------------------------------------------------------------------------------------------------
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Replace each decoder layer by ``checkpoint_wrapper(layer)`` (from
-    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``): its activations are recomputed during
-    backward instead of being stored. Call it before ``apply_fsdp``; return the model."""
+    """Make every decoder layer recompute its activations during backward instead of storing them (torch's
+    checkpoint wrapper, in ``torch.distributed.algorithms._checkpoint``), inside the model itself. Call it before
+    ``apply_fsdp``; return the model."""
     # BEGIN SOLUTION: for i, layer in enumerate(model.model.layers): model.model.layers[i] = checkpoint_wrapper(layer)
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -136,8 +136,9 @@ def offload_policy(device: torch.device, enabled: bool):
 # Exercise 6 -- torch.compile on the sharded model
 # ---------------------------------------------------------------------------------------------------
 def compile_layers(model: nn.Module) -> nn.Module:
-    """Compile each decoder layer in place (``layer.compile()``), before ``apply_fsdp``: FSDP's hooks stay
-    between the compiled layers, and all layers share one compiled graph. Return the model."""
+    """Compile each decoder layer in place, before ``apply_fsdp``: the layers stay the same modules under the
+    same names, FSDP's hooks stay between the compiled layers, and all layers share one compiled graph. Return
+    the model."""
     # BEGIN SOLUTION: layer.compile() for every layer in model.model.layers
     for layer in model.model.layers:
         layer.compile()
@@ -149,9 +150,8 @@ def compile_layers(model: nn.Module) -> nn.Module:
 # Exercise 7 -- sharded checkpoint, save and resume
 # ---------------------------------------------------------------------------------------------------
 def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
-    """Every rank writes its own shards with ``torch.distributed.checkpoint``: get the model and optimizer
-    state dicts with ``torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)``, then
-    ``dcp.save({"model": ..., "optim": ..., "step": torch.tensor(step)}, checkpoint_id=str(path))``."""
+    """Every rank writes its own shards of the model's and the optimizer's state, with ``step``, as one
+    distributed checkpoint (``torch.distributed.checkpoint``) in the folder ``path``."""
     # BEGIN SOLUTION: get_state_dict(model, optimizer), then dcp.save({...}, checkpoint_id=str(path))
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -163,8 +163,8 @@ def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
 
 def load_checkpoint(path, model: nn.Module, optimizer) -> int:
     """Load what :func:`save_checkpoint` wrote into this (identically sharded) model and optimizer, in
-    place; return the saved step. ``dcp.load`` fills a state dict of the right shapes, which
-    ``set_state_dict(model, optimizer, model_state_dict=..., optim_state_dict=...)`` then applies."""
+    place; return the saved step. A distributed checkpoint loads into a state dict that already has the right
+    shapes, which must then be applied to the model and the optimizer."""
     # BEGIN SOLUTION: state = {"model": ..., "optim": ..., "step": torch.tensor(0)} from get_state_dict; dcp.load(state, checkpoint_id=...); set_state_dict(...); return int(state["step"])
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

@@ -47,8 +47,8 @@ from dlo.parallel import fsdp as ref
 # Exercise 0 -- the baseline: DDP
 # ---------------------------------------------------------------------------------------------------
 def wrap_ddp(model: nn.Module, ctx, device: torch.device) -> nn.Module:
-    """Move the model to ``device``; with several processes wrap it in ``DistributedDataParallel``
-    (``device_ids=[device.index]`` on a GPU, ``None`` on the CPU). One process: return the model itself."""
+    """The model on ``device``; with several processes, replicated by DDP (which takes device ids on GPUs
+    only). With one process there is no process group: the model itself."""
     # TODO: Build the DDP baseline: the model on its device, wrapped only when there are several processes.
     # (run `dlo hint fsdp ddp` for a hint)
     raise NotImplementedError('Build the DDP baseline: the model on its device, wrapped only when there are several processes. Run `dlo hint fsdp ddp` for a hint.')
@@ -85,9 +85,9 @@ def mixed_precision_policy(precision: str):
 # Exercise 3 -- activation checkpointing
 # ---------------------------------------------------------------------------------------------------
 def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Replace each decoder layer by ``checkpoint_wrapper(layer)`` (from
-    ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``): its activations are recomputed during
-    backward instead of being stored. Call it before ``apply_fsdp``; return the model."""
+    """Make every decoder layer recompute its activations during backward instead of storing them (torch's
+    checkpoint wrapper, in ``torch.distributed.algorithms._checkpoint``), inside the model itself. Call it before
+    ``apply_fsdp``; return the model."""
     # TODO: Make every decoder layer recompute its activations in the backward instead of storing them.
     # (run `dlo hint fsdp checkpointing` for a hint)
     raise NotImplementedError('Make every decoder layer recompute its activations in the backward instead of storing them. Run `dlo hint fsdp checkpointing` for a hint.')
@@ -108,8 +108,9 @@ def offload_policy(device: torch.device, enabled: bool):
 # Exercise 6 -- torch.compile on the sharded model
 # ---------------------------------------------------------------------------------------------------
 def compile_layers(model: nn.Module) -> nn.Module:
-    """Compile each decoder layer in place (``layer.compile()``), before ``apply_fsdp``: FSDP's hooks stay
-    between the compiled layers, and all layers share one compiled graph. Return the model."""
+    """Compile each decoder layer in place, before ``apply_fsdp``: the layers stay the same modules under the
+    same names, FSDP's hooks stay between the compiled layers, and all layers share one compiled graph. Return
+    the model."""
     # TODO: Compile each decoder layer in place, leaving the root uncompiled so that FSDP can wrap it.
     # (run `dlo hint fsdp compile` for a hint)
     raise NotImplementedError('Compile each decoder layer in place, leaving the root uncompiled so that FSDP can wrap it. Run `dlo hint fsdp compile` for a hint.')
@@ -119,9 +120,8 @@ def compile_layers(model: nn.Module) -> nn.Module:
 # Exercise 7 -- sharded checkpoint, save and resume
 # ---------------------------------------------------------------------------------------------------
 def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
-    """Every rank writes its own shards with ``torch.distributed.checkpoint``: get the model and optimizer
-    state dicts with ``torch.distributed.checkpoint.state_dict.get_state_dict(model, optimizer)``, then
-    ``dcp.save({"model": ..., "optim": ..., "step": torch.tensor(step)}, checkpoint_id=str(path))``."""
+    """Every rank writes its own shards of the model's and the optimizer's state, with ``step``, as one
+    distributed checkpoint (``torch.distributed.checkpoint``) in the folder ``path``."""
     # TODO: Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards.
     # (run `dlo hint fsdp dcp` for a hint)
     raise NotImplementedError('Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards. Run `dlo hint fsdp dcp` for a hint.')
@@ -129,8 +129,8 @@ def save_checkpoint(path, model: nn.Module, optimizer, step: int) -> None:
 
 def load_checkpoint(path, model: nn.Module, optimizer) -> int:
     """Load what :func:`save_checkpoint` wrote into this (identically sharded) model and optimizer, in
-    place; return the saved step. ``dcp.load`` fills a state dict of the right shapes, which
-    ``set_state_dict(model, optimizer, model_state_dict=..., optim_state_dict=...)`` then applies."""
+    place; return the saved step. A distributed checkpoint loads into a state dict that already has the right
+    shapes, which must then be applied to the model and the optimizer."""
     # TODO: Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards.
     # (run `dlo hint fsdp dcp` for a hint)
     raise NotImplementedError('Save and load a sharded checkpoint (weights, optimizer state and step), each rank writing its own shards. Run `dlo hint fsdp dcp` for a hint.')
