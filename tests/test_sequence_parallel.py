@@ -180,3 +180,21 @@ def test_sentences_are_written_from_the_numbers():
     assert "exactly twice, that is the same traffic" in said
     sp_rows[1]["bytes"] *= 2
     assert "2.50x the all-reduced bytes, not the 2x" in sp_comm_sentence(2, tp_rows, sp_rows)
+
+
+def test_comm_sentence_of_a_clean_replacement_says_same_traffic_and_nothing_remained():
+    """SP replaces every activation all-reduce of plain TP by a reduce-scatter and an all-gather of the same bytes;
+    the loss's all-reduce is in both and cancels out: the sentence says "the same traffic" and no more."""
+    from dlo.parallel.tensor import sp_comm_sentence
+
+    tp_rows = [{"op": "all_reduce", "phase": "forward", "calls": 3, "bytes": 1024 + 64},
+               {"op": "all_reduce", "phase": "backward", "calls": 2, "bytes": 1024}]
+    sp_rows = [{"op": "all_reduce", "phase": "forward", "calls": 1, "bytes": 64},
+               {"op": "reduce_scatter", "phase": "forward", "calls": 2, "bytes": 2048},
+               {"op": "all_gather", "phase": "backward", "calls": 2, "bytes": 2048}]
+    said = sp_comm_sentence(2, tp_rows, sp_rows)
+    assert "plain TP ran 4 all-reduces of activations (0.00 MiB)" in said
+    assert said.endswith("exactly twice, that is the same traffic, since a ring all-reduce is a reduce-scatter "
+                         "followed by an all-gather.")
+    sp_rows[1]["bytes"] = 4096
+    assert sp_comm_sentence(2, tp_rows, sp_rows).endswith("3.00x the all-reduced bytes, not the 2x of the same traffic.")
