@@ -371,3 +371,28 @@ def test_fp8_summary_from_records():
     assert s["last_loss_gap_rel"] == pytest.approx(0.01) and s["converted_linears"] == 14
     with pytest.raises(ValueError, match="same number of steps"):
         apis.fp8_summary(bf16, {**fp8, "losses": [1.0]})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The apis/fabric_port exercise's checker: its set-ups tell the accumulation mistakes apart
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_port_checker_set_ups_tell_each_accumulation_mistake_apart():
+    """In a set-up with accumulation, each replayed mistake of the native loop (a step per micro-batch, a loss not
+    divided, gradients never zeroed) ends on weights of its own, none equal to the right loop's: so a wrong port
+    is named for what it did, and a right one is never taken for a mistake."""
+    from dlo.course.checks import apis as port
+
+    seed, accumulate, steps, batch, samples = next(s for s in port.SETUPS if s[1] > 1 and s[2] > 1)
+    finals = []
+    for kwargs in ({}, {"step_every_micro_batch": True}, {"divide": False}, {"zero": False}):
+        model, optimizer, loader = port._setup(seed, batch, samples)
+        port.native_loop(model, optimizer, loader, accumulate, steps, **kwargs)
+        finals.append(port._weights(model))
+    for i in range(len(finals)):
+        for j in range(i):
+            assert not port._same(finals[i], finals[j]), (i, j)
+    model, optimizer, loader = port._setup(seed, batch, samples)
+    port.native_loop(model, optimizer, loader, accumulate, steps)
+    assert port._accumulation_problem(port._weights(model), (seed, accumulate, steps, batch, samples)).startswith(
+        "the weights after the last step differ")

@@ -99,3 +99,27 @@ def test_bad_ranks_and_axes_are_one_line():
         g.rank_of(tp=2)
     with pytest.raises(RuntimeError, match="needs an initialised process group"):
         g.new_groups()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The grid/coords exercise's checker (dlo.course.checks.grid): its layouts reach every mistake it names
+# ---------------------------------------------------------------------------------------------------
+
+def test_the_exercise_layouts_tell_every_axis_order_apart():
+    """Every nesting of the four axes other than the grid's gives, on some layout of the checker, some rank other
+    coordinates (else that wrong order would pass), and the checker's own replay of the right order is Grid's."""
+    import itertools
+
+    from dlo.course.checks import grid as grid_check
+
+    layouts = [dict(zip(AXES, shape)) for shape in grid_check.LAYOUTS]
+    for sizes in layouts:
+        g = Grid(grid_check._world(sizes), **sizes)
+        assert all(grid_check._coords_in_order(r, sizes, AXES) == g.coords(r) for r in range(g.world_size))
+    for order in itertools.permutations(AXES):
+        if order == AXES:
+            continue
+        assert any(grid_check._coords_in_order(r, sizes, order) != Grid(grid_check._world(sizes), **sizes).coords(r)
+                   for sizes in layouts for r in range(grid_check._world(sizes))), order
+    # a layout with cp > 1 (else forgetting cp passes) and one where only pp is > 1 (neighbours one rank apart)
+    assert any(s["cp"] > 1 for s in layouts) and any(s["pp"] == grid_check._world(s) for s in layouts)
