@@ -141,3 +141,5 @@ def test_the_ladder_checks_catch_a_tampered_row_and_headline():
     rows = [dict(r) for r in results["ladder"]]
     rows[1]["decision"] = "not faster beyond noise"
     assert "says 'not faster beyond noise'" in verdicts.check_conclusions({**results, "ladder": rows})[0]
+    rows[1]["decision"] = "undecided: not kept"  # a row the summary does not list as undecided
+    assert any("undecided_steps is []" in p for p in verdicts.check_conclusions({**results, "ladder": rows}))

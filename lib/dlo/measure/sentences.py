@@ -214,6 +214,14 @@ def _check_ladder(results: Mapping[str, Any]) -> list[str]:
                             f"{DECISIONS[d.outcome]!r}")
         if (ratio is None) != (d.ratio is None) or (ratio is not None and not math.isclose(ratio, d.ratio)):
             problems.append(f"ladder row {row.get('step')!r} shows the ratio {ratio!r} but its decision gives {d.ratio!r}")
+    ladder = results.get("ladder") or []
+    if ladder and "undecided_steps" in results:
+        unclear = [r.get("step") for r in ladder if r.get("applicable") and r.get("decision") != "baseline"
+                   and str(r.get("decision")).startswith(("undecided", "not steady"))]
+        if sorted(unclear) != sorted(results["undecided_steps"]):
+            problems.append(f"undecided_steps is {results['undecided_steps']!r} but the ladder's rows give {unclear!r}")
+        if "No step beat the baseline" in str(results.get("final_sentence")) and unclear:
+            problems.append(f"the summary says no step beat the baseline while {unclear!r} could not be decided")
     final = results.get("final_comparison") or {}
     if "final" in final and "baseline" in final and "final_speedup" in results:
         d = decide(final["final"], final["baseline"])
