@@ -1,7 +1,7 @@
 """Part of the result: reports the batch with the best throughput, which is not the largest that fits when throughput stops growing."""
 import torch
 
-EXPECT = 'largest batch'
+EXPECT = 'best throughput'
 
 
 def largest_batch(try_batch, batch_sizes):
