@@ -206,20 +206,24 @@ class _Run:
         """Set-up: every check that can fail runs before any work; then the model, optimizer, schedule, step."""
         dtype = amp_dtype(cfg.amp)
         if batch_transform is not None and not callable(batch_transform):
-            raise ValueError(f"batch_transform must be a callable (images, labels) -> (images, targets), got {batch_transform!r}")
-        self.tracking_dir = cfg.tracking_dir if cfg.tracking_dir is not None else (os.environ.get("DLO_TRACKING_DIR") or None)
+            raise ValueError("batch_transform must be a callable (images, labels) -> (images, targets), "
+                             f"got {batch_transform!r}")
+        self.tracking_dir = (cfg.tracking_dir if cfg.tracking_dir is not None
+                             else (os.environ.get("DLO_TRACKING_DIR") or None))
         if self.tracking_dir is not None and is_main_process():
             check_writable(self.tracking_dir)  # fail before any work, not after the run
         torch.manual_seed(cfg.seed)
         model = prepare_model(model, device, channels_last=cfg.channels_last, cudnn_benchmark=cfg.cudnn_benchmark,
                               compile=cfg.compile)
         if cfg.early_stopping is not None and (val_loader is None or not cfg.eval_every_epoch):
-            raise ValueError("early_stopping watches the validation accuracy: pass val_loader= and keep eval_every_epoch=True")
+            raise ValueError("early_stopping watches the validation accuracy: pass val_loader= and keep "
+                             "eval_every_epoch=True")
         if cfg.batch_schedule is not None:
             _check_loader_takes_batch_size(make_loader)
         if optimizer is None:
+            betas = {"betas": tuple(cfg.betas)} if cfg.betas is not None else {}
             optimizer = make_optimizer(cfg.optimizer, model, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                       momentum=cfg.momentum, **({"betas": tuple(cfg.betas)} if cfg.betas is not None else {}))
+                                       momentum=cfg.momentum, **betas)
         self.cfg, self.device, self.dtype, self.model, self.optimizer = cfg, device, dtype, model, optimizer
         self.make_loader, self.val_loader, self.on_step = make_loader, val_loader, on_step
         self.batch_transform, self.callbacks = batch_transform, list(callbacks)
@@ -255,7 +259,8 @@ class _Run:
             steps_per_epoch = len(self.make_loader(epoch_generator(cfg.seed, 0)))
             epoch_steps = [steps_per_epoch] * cfg.epochs
         else:  # the batch changes: so does the number of steps per epoch, and the LR schedule must span their sum
-            epoch_steps = [len(_build_loader(self.make_loader, cfg.seed, e, self.batch_at(e))) for e in range(cfg.epochs)]
+            epoch_steps = [len(_build_loader(self.make_loader, cfg.seed, e, self.batch_at(e)))
+                           for e in range(cfg.epochs)]
         if cfg.steps is None and 0 in epoch_steps:
             raise ValueError(f"an epoch has no batch (steps per epoch: {epoch_steps}): use a smaller batch size or "
                              "drop_last=False")
@@ -324,7 +329,8 @@ class _Run:
         finally:
             self.bar.close()
             if self.tracker is not None:
-                self.tracker.close(status, {"time/train_s": time.perf_counter() - self.t_start, "train/steps": self.step})
+                self.tracker.close(status, {"time/train_s": time.perf_counter() - self.t_start,
+                                            "train/steps": self.step})
 
     def _epoch(self, stop: StopSignal) -> bool:
         """One epoch (or what is left of it after a resume); True when the run stops here."""
@@ -344,7 +350,8 @@ class _Run:
             b += 1
             loss_sum += loss.detach().float()
             loss_steps += 1
-            if cfg.ckpt_path and (stop or self.step == self.total or (cfg.ckpt_every and self.step % cfg.ckpt_every == 0)):
+            due = stop or self.step == self.total or (cfg.ckpt_every and self.step % cfg.ckpt_every == 0)
+            if cfg.ckpt_path and due:
                 self._checkpoint(done_epoch=b == n_batches, b=b)
             if stop:
                 self.result.stopped_by = stop.received
