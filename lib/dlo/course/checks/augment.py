@@ -16,9 +16,9 @@ AUGMENT_NB = "Jour2/augment.ipynb"
 
 
 def _box_py(lam: float, cy: int, cx: int, height: int, width: int, *, swap: bool = False, rnd=math.floor,
-            centred: bool = True, shift: bool = False) -> tuple[int, int, int, int]:
+            centred: bool = True, shift: bool = False, area: bool = False) -> tuple[int, int, int, int]:
     """One CutMix box in plain Python, as the lesson defines it, or with one known mistake (to name it)."""
-    r = math.sqrt(1.0 - lam)
+    r = (1.0 - lam) if area else math.sqrt(1.0 - lam)
     h, w = (int(rnd(width * r)), int(rnd(height * r))) if swap else (int(rnd(height * r)), int(rnd(width * r)))
     y0, x0 = (cy - h // 2, cx - w // 2) if centred else (cy, cx)
     if shift:  # moved inside the image, keeping its size
@@ -54,9 +54,12 @@ def _check_box(cutmix_box: Callable) -> str:
             if min(got) < 0 or y1 > h or x1 > w:
                 raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in {h}x{w}: box {got} leaves the image: clip it")
             mistakes = [
-                (dict(swap=True), "height and width swapped: the box's height comes from the image's height "
-                                  "(floor(height * sqrt(1 - lam))), its width from the width"),
-                (dict(rnd=round), "the sides are truncated, not rounded: floor(height * sqrt(1 - lam))"),
+                (dict(area=True), "each side was scaled by the pasted fraction itself, so the area is that fraction "
+                                  "squared: a rectangle's area scales with the square of its sides' ratio, so each "
+                                  "side scales by the fraction's square root"),
+                (dict(swap=True), "height and width swapped: the box's height comes from the image's height, its "
+                                  "width from the image's width"),
+                (dict(rnd=round), "the sides are truncated, not rounded, to whole pixels"),
                 (dict(centred=False), "the box is centred on (cy, cx): its top-left corner is (cy - h // 2, cx - w // 2)"),
                 (dict(shift=True), "a box that crosses the border is clipped (it loses the part outside the image), "
                                    "not moved inside with its full size"),
@@ -65,8 +68,8 @@ def _check_box(cutmix_box: Callable) -> str:
                 if got == _box_py(lam, cy, cx, h, w, **options) and got != _box_py(lam, cy, cx, h, w):
                     raise CheckFailed(f"{where}: expected {expected}, got {got}: {message}")
             raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image: expected {expected}, got {got} "
-                              "(the sides are floor(height * sqrt(1 - lam)) and floor(width * sqrt(1 - lam)), so that "
-                              "the area is 1 - lam of the image)")
+                              "(each side is the image's side times the same ratio, truncated to whole pixels, so "
+                              "that the box covers a fraction 1 - lam of the image)")
     return f"{len(cases)} boxes identical to dlo.data.augment.cutmix_boxes (sizes from sqrt(1 - lam), clipped)"
 
 
@@ -107,10 +110,11 @@ def _check_mixup(mixup_batch: Callable) -> str:
             for variant, message in mistakes:
                 if torch.allclose(got_x.float(), mixup_reference(images, targets, variant)[0].float(), atol=atol):
                     raise CheckFailed(f"mixed images differ from the reference loop: {message}")
-            raise CheckFailed("mixed images differ from the reference loop: lam[i] * x[i] + (1 - lam[i]) * x[perm[i]], "
-                              "with lam reshaped to [B, 1, 1, 1]")
+            raise CheckFailed("mixed images differ from the reference loop: each image must keep its own weight of "
+                              "itself and take the rest from the partner the permutation gives it, pixel by pixel")
         expect(got_t.shape == targets.shape and torch.allclose(got_t, ref_t, atol=1e-6),
-                "mixed targets differ from the reference: lam[:, None] * t + (1 - lam[:, None]) * t[perm]")
+                "mixed targets differ from the reference: each label must be mixed with its partner's, with the "
+                "same weights as the images")
         expect(torch.allclose(got_t.sum(1), torch.ones(6)), "mixed targets must still sum to 1")
     return "batched MixUp equals the per-image loop, inputs untouched, any memory format, the images' dtype kept"
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "sqrt"
+EXPECT = "square root"
 
 
 def cutmix_box(lam, cy, cx, height, width):
