@@ -441,18 +441,21 @@ def _check_profiler(profile_steps: Callable) -> str:
         with tempfile.TemporaryDirectory() as d:
             prof = profile_steps(step, d, wait=wait, warmup=warmup, active=active)
             traces = list(Path(d).rglob("*.json"))
-            expect(len(calls) == total, f"call step() wait + warmup + active = {total} times (called {len(calls)})")
-            expect(prof is not None and hasattr(prof, "key_averages"), "return the profiler object")
+            expect(len(calls) == total, f"step() ran {len(calls)} times: the schedule needs wait + warmup + active = "
+                                        f"{total} steps, the first ones skipped")
+            expect(prof is not None and hasattr(prof, "key_averages"),
+                   f"your function returned {type(prof).__name__}, not the profiler")
             expect(getattr(prof, "step_num", 0) == total,
-                   f"call prof.step() after each step: the schedule counts steps only through it "
-                   f"(the profiler saw {getattr(prof, 'step_num', 0)} steps, expected {total})")
+                   f"the profiler saw {getattr(prof, 'step_num', 0)} steps, expected {total}: the schedule only "
+                   f"advances when told after each step (prof.step()), so it never reached the active steps")
             convs = {e.key: e.count for e in prof.key_averages() if e.key == "aten::conv2d"}
             recorded = convs.get("aten::conv2d", 0)
-            expect(bool(traces), "write the trace with on_trace_ready=torch.profiler.tensorboard_trace_handler(trace_dir)")
+            expect(bool(traces), "no trace file was written into trace_dir: the profiler needs a handler that writes "
+                                 "the TensorBoard trace when the active steps end (tensorboard_trace_handler)")
             expect(recorded == active,
-                   f"the trace holds {recorded} steps, the schedule asks for the {active} active ones: pass "
-                   f"schedule=torch.profiler.schedule(wait=wait, warmup=warmup, active=active) so that the "
-                   f"warm-up steps (slow, first calls) stay out of it")
+                   f"the trace holds {recorded} steps, the schedule you were given asks for the {active} active ones "
+                   f"(wait={wait}, warmup={warmup}): without a schedule of those counts (or with numbers of your own) "
+                   f"the slow first steps end up in the trace")
     return "trace written for TensorBoard/Perfetto with the wait/warm-up/active schedule asked for"
 
 
@@ -464,8 +467,10 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
     acc = evaluate_fast(model, data)
     expect(bool(model.seen), "run the model on every batch")
     seen = model.seen[-1]
-    expect(seen["inference"] or not seen["grad"], "wrap the loop in torch.inference_mode() (or torch.no_grad())")
-    expect(not seen["training"], "call model.eval() so BatchNorm uses its running statistics")
+    expect(seen["inference"] or not seen["grad"],
+           "the forward passes built an autograd graph: evaluation needs no gradients (inference_mode or no_grad)")
+    expect(not seen["training"], "the model was still in training mode: BatchNorm normalised with each batch's "
+                                 "statistics (and updated its running ones) instead of model.eval()'s behaviour")
     model.eval()
     with torch.no_grad():
         expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
