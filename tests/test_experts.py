@@ -110,6 +110,36 @@ def test_capacity_and_priority_order():
         X.MoEFeedForward(4, 4, 4, 5)
 
 
+def test_top_k_routing_breaks_ties_by_the_lower_index_and_renormalises():
+    probs = torch.tensor([[0.25, 0.25, 0.25, 0.25], [0.1, 0.3, 0.3, 0.3], [0.4, 0.1, 0.4, 0.1]],
+                         dtype=torch.float64, requires_grad=True)
+    index, weights, keep = X.top_k_routing(probs, 2, None)
+    assert index.tolist() == [[0, 1], [1, 2], [0, 2]]
+    torch.testing.assert_close(weights, torch.full((3, 2), 0.5, dtype=torch.float64))
+    assert weights.grad_fn is not None and keep.all()
+    raw = X.top_k_routing(probs, 2, None, renormalize=False)[1]
+    torch.testing.assert_close(raw, torch.tensor([[0.25, 0.25], [0.3, 0.3], [0.4, 0.4]], dtype=torch.float64))
+    # capacity 1, first choices first: 0 -> expert 0, 1 -> expert 1 kept, 2 -> expert 0 dropped; then second
+    # choices: 0 -> expert 1 (full) dropped, 1 -> expert 2 kept, 2 -> expert 2 (full) dropped
+    assert X.top_k_routing(probs, 2, 1)[2].tolist() == [[True, False], [True, True], [False, False]]
+
+
+def test_dispatch_combine_in_one_process_returns_each_row_its_experts_output():
+    g = torch.Generator().manual_seed(3)
+    rows, expert = torch.randn(9, 4, generator=g, dtype=torch.float64), torch.tensor([2, 0, 3, 0, 1, 3, 2, 2, 0])
+    seen = []
+
+    def run_local(received, local_expert):
+        seen.append(local_expert.tolist())
+        return received * (local_expert.unsqueeze(-1) + 2) + 10 * local_expert.unsqueeze(-1)
+
+    out = X.dispatch_combine(rows, expert, 4, run_local)
+    torch.testing.assert_close(out, rows * (expert.unsqueeze(-1) + 2) + 10 * expert.unsqueeze(-1), rtol=0, atol=0)
+    assert seen == [sorted(expert.tolist())]  # one call, the rows grouped by expert
+    empty = X.dispatch_combine(rows[:0], expert[:0], 4, run_local)
+    assert empty.shape == (0, 4) and seen[-1] == []
+
+
 # ----------------------------------------------------------------------------------------------------
 # The load-balancing loss
 # ----------------------------------------------------------------------------------------------------

@@ -13,12 +13,12 @@ shows in the values; it also records what each rank received.
 2. On 2 gloo processes (:mod:`dlo.course.checks.experts_dispatch_worker`), three cases in one launch: uneven counts
    both ways, a rank that sends nothing, a rank that receives nothing; each rank compares with the single-process
    reference (:func:`dlo.course.dispatch_cases.verdict`). The student's function travels as the source text of the cell or file that defines
-   it.
+   it (:func:`write_answer`).
 """
 from __future__ import annotations
 
-import inspect
 import linecache
+import marshal
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -50,19 +50,23 @@ class _CountCalls:
         dist.all_to_all_single = self.real
 
 
-def source_of(fn: Callable) -> str:
-    """The source text of the cell or file that defines ``fn`` (what the check's processes run)."""
+def write_answer(fn: Callable, folder: Path) -> Path:
+    """Write what the check's processes run: the source text of the cell or file that defines ``fn`` (``.py``) or,
+    where no source text is kept (a notebook run by the plain engine, which compiles each cell's syntax tree),
+    ``fn``'s compiled code (``.code``: same interpreter, so the same bytecode format)."""
     code = getattr(fn, "__code__", None)
-    lines = linecache.getlines(code.co_filename) if code is not None else []
-    if not lines and code is not None and Path(code.co_filename).is_file():
+    if code is None:
+        raise CheckFailed("dispatch_combine must be a plain function (def dispatch_combine(...): ...)")
+    lines = linecache.getlines(code.co_filename)
+    if not lines and Path(code.co_filename).is_file():
         lines = Path(code.co_filename).read_text().splitlines(True)
-    if not lines:
-        try:
-            lines = inspect.getsource(fn).splitlines(True)
-        except (OSError, TypeError):
-            raise CheckFailed("cannot read the source of dispatch_combine to run it on 2 processes: define it in a "
-                              "notebook cell or a .py file") from None
-    return "".join(lines)
+    if lines:
+        path = folder / "dispatch_answer.py"
+        path.write_text("".join(lines))
+    else:
+        path = folder / "dispatch_answer.code"
+        path.write_bytes(marshal.dumps((code, fn.__defaults__)))  # group=None: the defaults travel too
+    return path
 
 
 @register("experts", "dispatch", ("dispatch_combine",), EXPERTS_NB)
@@ -84,9 +88,7 @@ def _check_dispatch(dispatch_combine: Callable) -> str:
                "for it: a hang)")
         expect(result == "ok", result)
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "dispatch_answer.py"
-        src.write_text(source_of(dispatch_combine))
-        records = peer_records(WORKER, [str(src)], 2, timeout_s=120)
+        records = peer_records(WORKER, [str(write_answer(dispatch_combine, Path(tmp)))], 2, timeout_s=120)
     wrong = [f"2 processes, rank {r['rank']}, {v}" for r in records for v in r["verdicts"] if v != "ok"]
     named = [w for w in wrong if "differ" not in w]  # a named mistake (on the rank that saw it) before its effects
     expect(not wrong, (named or wrong)[0] if wrong else "")
