@@ -85,7 +85,7 @@ def _check_device(rank_device: Callable) -> str:
 _DDP_ERRORS = (  # what torch says when DDP is built the wrong way, and what it means here
     ("process group has not been initialized",
      "with one process (ctx.is_distributed False) return the model unwrapped: DDP needs a process group"),
-    ("device_ids", "on the CPU pass device_ids=None (device_ids=[i] is for one GPU per process)"),
+    ("device_ids", "on the CPU there is no GPU to give DDP: device_ids is only for a model on one GPU per process"),
     ("SyncBatchNorm", "keep plain BatchNorm unless sync_bn=True (and SyncBatchNorm needs GPUs)"),
 )
 
@@ -116,11 +116,13 @@ def _check_wrap(wrap_model: Callable) -> str:
     expect(not isinstance(single, DDP), "with one process (ctx.is_distributed False) return the model, unwrapped")
     synced = wrap_model(_BNNet(), fake_context(), cpu, sync_bn=True)
     expect(any(isinstance(m, nn.SyncBatchNorm) for m in synced.modules()),
-            "sync_bn=True: convert with nn.SyncBatchNorm.convert_sync_batchnorm(model) (before wrapping)")
+            "sync_bn=True but the model still has plain BatchNorm layers: they must become SyncBatchNorm (before "
+            "wrapping)")
     with one_process_group():
         wrapped = wrap_model(_BNNet(), fake_context(0, 2), cpu, bucket_cap_mb=1.0, find_unused_parameters=True)
         expect(isinstance(wrapped, DDP), "with several processes wrap the model in DistributedDataParallel")
-        expect(wrapped.device_ids is None, "on the CPU pass device_ids=None (device_ids=[i] is for one GPU per process)")
+        expect(wrapped.device_ids is None, "DDP was given device_ids for a CPU model: device_ids is only for a model on "
+                                           "one GPU per process")
         expect(wrapped.find_unused_parameters, "pass find_unused_parameters on to DDP")
         expect(wrapped.bucket_bytes_cap == 1024 * 1024, "pass bucket_cap_mb on to DDP")
         plain = wrap_model(_BNNet(), fake_context(0, 2), cpu)
@@ -139,7 +141,8 @@ def _check_shard(make_train_loader: Callable) -> str:
         expect(isinstance(sampler, DistributedSampler), "return a torch.utils.data.DistributedSampler as the sampler")
         expect(sampler.num_replicas == 2 and sampler.rank == rank,
                 "give the sampler num_replicas=ctx.world_size and rank=ctx.rank (the process group may not exist yet)")
-        expect(loader.sampler is sampler, "pass the sampler to the DataLoader (sampler=...)")
+        expect(loader.sampler is sampler, "the loader does not draw from the sampler you return (its sampler= is another "
+                                          "one): the shard is never used")
         expect(loader.batch_size == 4, f"each of 2 ranks loads global_batch / world_size = 4 images, got {loader.batch_size}")
         seen.append([int(i) for (batch,) in loader for i in batch])
     expect(not set(seen[0]) & set(seen[1]), "the two ranks' shards overlap: use the same seed on every rank")
@@ -166,7 +169,8 @@ def _check_shard(make_train_loader: Callable) -> str:
     except ValueError:
         pass
     else:
-        raise CheckFailed("a global batch of 9 on 2 ranks must raise ValueError (use dlo.parallel.ddp.per_rank_batch)")
+        raise CheckFailed("a global batch of 9 on 2 ranks was accepted: it does not split evenly, so it must raise "
+                          "ValueError before any work (dlo.parallel.ddp.per_rank_batch does)")
     return "disjoint shards covering the data, per-rank batch = global / world size"
 
 

@@ -6,7 +6,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from dlo.runtime.validate import per_rank_batch
 
-EXPECT = 'sampler='
+EXPECT = 'draw from the sampler'
 
 
 def make_train_loader(dataset, ctx, global_batch, seed=0, num_workers=0):
