@@ -1,23 +1,5 @@
-"""High-level training APIs (tp_fsdp/apis.ipynb): what native FSDP2, Hugging Face Accelerate and Lightning
-Fabric do with the same small Llama, the same data, the same seed and the same optimizer.
-
-The training loops themselves, one per API, are in ``tp_fsdp/apis_train.py`` (the lesson is how many lines
-each one needs, so they are plain code there). This module holds what is measured and compared around them:
-
-* which libraries are there (:func:`missing_library`) and which API/strategy can run on this device
-  (:func:`unavailable_reason`), each as one line;
-* Accelerate's YAML config (:func:`accelerate_config`, :func:`write_accelerate_config`,
-  :func:`read_accelerate_config`) and its launcher (:func:`launch_accelerate`);
-* per-rank measurements: :class:`StepMeter` (loss and step time of every step, peak memory),
-  :func:`held_bytes` (parameter, gradient and optimizer bytes this rank holds, counted from the tensors);
-* comparisons: :func:`runs_table` (step time with spread, memory, loss gap against a reference run),
-  :func:`code_lines` (lines of user code of a function);
-* fp8 training with torchao (GPU only): :func:`fp8_skip_reason`, :func:`fp8_module_filter`,
-  :func:`fp8_summary`, and the CUDA-only :func:`train_fp8_or_bf16`.
-
-Accelerate, Lightning Fabric and torchao are imported inside the functions that use them: this module (and
-the notebook's other cells) still import on a machine that lacks them.
-"""
+"""The core of :mod:`dlo.lessons.apis` (which re-exports it): which libraries and strategies can run here,
+Accelerate's YAML config, the per-rank measurements and the tables that compare the runs."""
 from __future__ import annotations
 
 import ast
@@ -37,11 +19,6 @@ from torch import nn
 from dlo.runtime.device import synchronize
 from dlo.models.config import TINY_LLAMA, TransformerConfig
 from dlo.measure.bench import Measurement
-
-__all__ = ["MODELS", "API_STRATEGIES", "LIBRARIES", "PINS", "missing_library", "unavailable_reason", "accelerate_config",
-           "write_accelerate_config", "read_accelerate_config", "launch_accelerate", "StepMeter", "held_bytes",
-           "rank_mean_losses", "max_relative_gap", "runs_table", "code_lines", "FP8_MIN_CAPABILITY",
-           "fp8_skip_reason", "fp8_module_filter", "fp8_summary", "train_fp8_or_bf16", "resolved_config", "dump"]
 
 #: The models of the lesson: ``"smoke"`` (2 layers, ~0.1 M parameters, the shapes of ``dlo.parallel.fsdp``'s smoke
 #: Llama: a few CPU steps per second on 2 gloo processes) and ``"tiny"`` (``TINY_LLAMA``, 8 layers, ~30 M, for GPUs).
@@ -380,10 +357,3 @@ def resolved_config(api: str, strategy: str, model: nn.Module, handle: Any = Non
 def dump(record: Mapping[str, Any]) -> str:
     """A record as one JSON line (for printing a resolved config)."""
     return json.dumps(record, default=str)
-
-
-# The launcher and the fp8 helpers live in their own modules; imported here, after everything they use is defined,
-# so that ``dlo.lessons.apis`` keeps offering the whole lesson under one name.
-from dlo.lessons.apis_launch import launch_accelerate  # noqa: E402
-from dlo.lessons.apis_fp8 import (FP8_MIN_CAPABILITY, fp8_module_filter, fp8_skip_reason, fp8_summary,  # noqa: E402
-                                  train_fp8_or_bf16)

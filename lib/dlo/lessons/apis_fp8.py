@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from dlo.models.llama import Llama, lm_loss, token_batch
+from dlo.lessons.apis_core import StepMeter, missing_library
 
 
 #: fp8 matmuls (``torch._scaled_mm``) need compute capability 8.9 or more: Ada (L4, L40S), Hopper (H100, H200),
@@ -29,8 +30,6 @@ def fp8_skip_reason(device: torch.device | str, *, capability: tuple[int, int] |
     if tuple(capability) < FP8_MIN_CAPABILITY:
         return (f"fp8 training skipped: this GPU has compute capability {capability[0]}.{capability[1]}, fp8 "
                 f"matmuls need {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or more (Ada, Hopper, Blackwell)")
-    from dlo.lessons.apis import missing_library
-
     missing = missing_library("torchao") if torchao_missing == "auto" else torchao_missing
     if missing:
         return f"fp8 training skipped: {missing}"
@@ -77,8 +76,6 @@ def train_fp8_or_bf16(cfg, *, fp8: bool, steps: int, batch: int, seq_len: int, d
         converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     if compile:  # fp8 pays off only compiled: the scaling and casting kernels fuse
         model = torch.compile(model)
-    from dlo.lessons.apis import StepMeter
-
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     meter = StepMeter(device, tokens_per_step=batch * seq_len, warmup=warmup)
     meter.start()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from dlo.lessons.apis_core import missing_library
 from dlo.runtime.paths import run_dir
 from dlo.runtime.records import RECORDS_ENV, read_records
 
@@ -72,8 +73,6 @@ def launch_accelerate(script: str | os.PathLike, args: Sequence[str], config_fil
     """``accelerate launch --config_file <config_file> <script> <args>``; returns the records the ranks wrote
     (``dlo.runtime.write_record``), like :func:`dlo.runtime.launch`. A failure raises ``RuntimeError`` with
     the error line of the first rank that said one (the whole log is in ``<records_dir>/launch.log``)."""
-    from dlo.lessons.apis import missing_library
-
     reason = missing_library("accelerate")
     if reason:
         raise ModuleNotFoundError(reason)
