@@ -312,3 +312,23 @@ def test_plan_reports_each_bad_setting(workshop):
     assert reasons[("torch_1f1b", 2)].endswith("at least as many micro-batches as stages: 2 < 4")
     assert reasons[("torch_1f1b", 8)].startswith("batch 12 cannot be cut into 8")
     assert workshop.plan(args, 1)[1][-1]["skipped"] == "torch_1f1b needs at least 2 stages: launch with nproc >= 2"
+
+
+def test_schedule_order_failures_name_the_warm_up_only_when_it_is_wrong():
+    """The 1F1B / interleaved checkers say how many forwards come before the first backward and how many this stage
+    needs only when those differ; a steady-state mistake gets the action that differs, and neither message gives a
+    formula for the warm-up."""
+    from dlo.course.checks.pipeline import _order_problem
+    from dlo.parallel.pipeline import one_f_one_b_actions
+
+    want = one_f_one_b_actions(0, 4, 8)  # 3 warm-up forwards, then the first steady forward, then B0
+    long_warmup = one_f_one_b_actions(0, 5, 8)  # one warm-up forward too many
+    message = _order_problem(long_warmup, want)
+    assert "5 forward(s) before the first backward, this stage needs 4" in message
+    newest_first = list(want)
+    newest_first[6], newest_first[8] = want[8], want[6]  # B2 before B1: not the oldest waiting micro-batch
+    message = _order_problem(newest_first, want)
+    assert "warm-up is right" in message and "action 6 (steady state) should be ('B', 1)" in message
+    assert "before the first backward" not in message
+    for text in (_order_problem(long_warmup, want), message):
+        assert "min(" not in text and "rank - 1" not in text
