@@ -86,13 +86,11 @@ def sp_comm_sentence(tp: int, tp_rows: list[dict[str, Any]], sp_rows: list[dict[
     ar_bytes = total(tp_rows, "all_reduce", "bytes") - total(sp_rows, "all_reduce", "bytes")
     rs, ag = total(sp_rows, "reduce_scatter", "calls"), total(sp_rows, "all_gather", "calls")
     sp_bytes = total(sp_rows, "reduce_scatter", "bytes") + total(sp_rows, "all_gather", "bytes")
-    sp_ar = total(sp_rows, "all_reduce", "calls")
     head = (f"At tp={tp}, one step of plain TP ran {ar_calls} all-reduces of activations ({ar_bytes / 2**20:.2f} MiB); "
             f"sequence parallelism ran {rs} reduce-scatters and {ag} all-gathers instead "
             f"({sp_bytes / 2**20:.2f} MiB, each counted as the full tensor)")
-    extra = "" if sp_ar == total(tp_rows, "all_reduce", "calls") - ar_calls else "; some all-reduces remained"
     if ar_bytes and sp_bytes == 2 * ar_bytes:
         return (f"{head}: exactly twice, that is the same traffic, since a ring all-reduce is a reduce-scatter "
-                f"followed by an all-gather{extra}.")
+                f"followed by an all-gather.")
     ratio = sp_bytes / ar_bytes if ar_bytes else float("inf")
-    return f"{head}: {ratio:.2f}x the all-reduced bytes, not the 2x of the same traffic{extra}."
+    return f"{head}: {ratio:.2f}x the all-reduced bytes, not the 2x of the same traffic."
