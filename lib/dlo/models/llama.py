@@ -7,7 +7,7 @@ as ``transformers``' ``LlamaForCausalLM`` (tested: identical logits from the sam
 come from :class:`dlo.models.config.TransformerConfig`, the config of the memory and FLOPs calculators.
 
     from dlo.models.llama import Llama
-    from dlo.measure.memory import TINY_LLAMA
+    from dlo.models.config import TINY_LLAMA
     model = Llama(TINY_LLAMA.replace(num_layers=2), seed=0)
     logits = model(tokens)              # [batch, seq, vocab]
     loss = model.loss(tokens, labels)   # next-token cross-entropy
