@@ -161,6 +161,14 @@ def test_render_keeps_comments_and_extra_overrides_template_line():
     ({"time": "01:00:00", "extra_sbatch": ["--time=02:00:00"]}, "twice"),
     ({"modules": ["cuda; rm -rf ~"]}, "module"),
     ({"cluster": "jean-zay", "account": "abc@a100", "constraint": "h100"}, "abc@h100"),
+    # what Jean Zay itself would refuse: a time above the QoS's limit, a node feature or a GPU count it lacks
+    ({"cluster": "jean-zay", "time": "100:00:00"}, "above the 20 h of the default QoS"),
+    ({"cluster": "jean-zay", "time": "2-00:00:00", "qos": "qos_gpu_h100-t3"}, "above the 20 h"),
+    ({"cluster": "jean-zay", "time": "02:00:01", "qos": "qos_gpu_h100-dev"}, "above the 2 h"),
+    ({"cluster": "jean-zay", "time": "4-05:00:00", "qos": "qos_gpu-t4"}, "above the 100 h"),
+    ({"cluster": "jean-zay", "constraint": "h100", "gpus_per_node": 8}, "have 4 GPUs, not 8"),
+    ({"cluster": "jean-zay", "partition": "gpu_p5", "gpus_per_node": 9}, "have 8 GPUs, not 9"),
+    ({"cluster": "jean-zay", "constraint": "h200"}, "no jean-zay node has the feature --constraint h200"),
 ])
 def test_invalid_options_raise_one_line_value_error(kwargs, message):
     kwargs = dict(kwargs)
@@ -169,6 +177,16 @@ def test_invalid_options_raise_one_line_value_error(kwargs, message):
         slurm.render(template, **kwargs)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_jean_zay_limits_let_what_the_cluster_accepts_through():
+    for kwargs in ({"time": "20:00:00"}, {"time": "02:00:00", "qos": "qos_gpu_h100-dev"},
+                   {"time": "100:00:00", "qos": "qos_gpu-t4"}, {"constraint": "h100", "gpus_per_node": 4},
+                   {"constraint": "a100", "gpus_per_node": 8}, {"constraint": "v100-32g", "partition": "gpu_p2",
+                                                              "gpus_per_node": 8},
+                   {"constraint": "h100|a100"}, {"time": "unlimited", "qos": "qos_site-special"}):
+        slurm.render("torchrun", cluster="jean-zay", **kwargs)
+    slurm.render("torchrun", time="100:00:00", constraint="h200", gpus_per_node=16)  # generic: no limits known
 
 
 def test_notebook_template_refuses_several_nodes():

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -177,9 +178,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``dlo``: one sub-command per task, each added by its own function."""
     p = _Parser(prog="dlo", description="Deep Learning Optimise workbook tools")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run(sub)
+    _add_exercises(sub)
+    _add_data_and_gpu_check(sub)
+    _add_delegated(sub)
+    return p
 
+
+def _add_run(sub: Any) -> None:
     r = sub.add_parser("run", help="execute a notebook with papermill into runs/<name>/")
     r.add_argument("notebook")
     r.add_argument("--profile", default="auto", help="smoke (CPU, minutes), full (GPU node), dry (the full profile's code paths on a CPU, "
@@ -196,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="papermill (default: executed notebook saved) or plain (this Python, no Jupyter needed)")
     r.set_defaults(func=_cmd_run)
 
+
+def _add_exercises(sub: Any) -> None:
+    """``dlo check``, ``dlo hint``, ``dlo solution``, ``dlo student``."""
     c = sub.add_parser("check", help="check an exercise step (default: in the student notebook)")
     c.add_argument("course", nargs="?", default=None,
                    help="a course, as the notebook's check cell names it (jour1, optimizers, fsdp ...); alone: its "
@@ -223,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--check", action="store_true", help="write nothing; exit 1 if any is stale")
     s.set_defaults(func=_cmd_student)
 
+
+def _add_data_and_gpu_check(sub: Any) -> None:
     d = sub.add_parser("data", help="say which CIFAR-10 data set would be used (generating it if needed)")
     d.add_argument("--data-dir", default=None, metavar="DIR",
                    help="folder holding cifar-10-batches-py, which must then be there (default: the first found "
@@ -251,13 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --quick: the whole run's time (default 450 s)")
     g.set_defaults(func=_cmd_gpu_check)
 
+
+def _add_delegated(sub: Any) -> None:
     # Commands that belong to one layer each; they parse their own options (`dlo train --help`). They need only
     # torch and torchvision, so `python -m dlo train ...` runs where Jupyter is not installed (a GPU node).
     for name, module, what in _DELEGATED:
         x = sub.add_parser(name, help=what, add_help=False)
         x.add_argument("rest", nargs=argparse.REMAINDER)
         x.set_defaults(func=lambda a, module=module: _module_main(module, a.rest))
-    return p
 
 
 _DELEGATED = (

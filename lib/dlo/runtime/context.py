@@ -144,85 +144,10 @@ def dist_context(environ: Mapping[str, str] | None = None) -> DistContext:
       jobs sharing a node rarely collide. ``MASTER_ADDR`` / ``MASTER_PORT`` override both.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
-
     if "RANK" in env or "WORLD_SIZE" in env:
-        rank = _int_var(env, "RANK")
-        world = _int_var(env, "WORLD_SIZE")
-        local_world = _int_var(env, "LOCAL_WORLD_SIZE", world)  # set by torchrun; one node when set by hand
-        if world < 1 or local_world < 1:
-            raise ValueError(f"WORLD_SIZE={world} and LOCAL_WORLD_SIZE={local_world} must both be >= 1")
-        local_rank = _int_var(env, "LOCAL_RANK", rank % local_world)
-        node_rank = _int_var(env, "GROUP_RANK", rank // local_world)
-        # init_distributed() exports Slurm's numbers as RANK/WORLD_SIZE for env://; keep calling them Slurm's.
-        from_slurm = "TORCHELASTIC_RUN_ID" not in env and env.get("SLURM_PROCID") == str(rank)
-        return _check(
-            DistContext(
-                rank=rank,
-                local_rank=local_rank,
-                world_size=world,
-                local_world_size=local_world,
-                master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
-                master_port=_int_var(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
-                source="slurm" if from_slurm else "torchrun",
-                node_rank=node_rank,
-            )
-        )
-
+        return _from_torchrun(env)
     if "SLURM_PROCID" in env and any(k in env for k in _SLURM_STEP_MARKERS):
-        rank = _int_var(env, "SLURM_PROCID")
-        ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
-        if not ntasks:
-            raise ValueError("Slurm task without SLURM_STEP_NUM_TASKS or SLURM_NTASKS: launch it with srun --ntasks N")
-        world = _int_var({"SLURM_NTASKS": ntasks}, "SLURM_NTASKS")
-        node_rank = _int_var(env, "SLURM_NODEID", 0)
-        local_rank = _int_var(env, "SLURM_LOCALID", 0)
-        per_node_spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or env.get(
-            "SLURM_TASKS_PER_NODE"
-        )
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        hosts = expand_nodelist(nodelist) if nodelist else []
-        if per_node_spec:
-            per_node = _expand_tasks_per_node(per_node_spec)
-            if len(set(per_node)) == 1:  # the usual case: the same number of tasks on every node
-                local_world = per_node[0]
-            elif node_rank < len(per_node):
-                local_world = per_node[node_rank]
-            else:
-                raise ValueError(
-                    f"SLURM_NODEID={node_rank} has no entry in tasks-per-node {per_node_spec!r}: "
-                    "launch with srun --ntasks-per-node N"
-                )
-        elif len(hosts) == 1:
-            local_world = world
-        else:
-            raise ValueError(
-                "cannot tell how many Slurm tasks run on this node (SLURM_STEP_TASKS_PER_NODE is not set): "
-                "launch with srun --ntasks-per-node N"
-            )
-        master_addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
-        if not master_addr:
-            raise ValueError(
-                "Slurm task without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST: set MASTER_ADDR to the first node"
-            )
-        if env.get("MASTER_PORT"):
-            port = _int_var(env, "MASTER_PORT")
-        elif env.get("SLURM_JOB_ID"):
-            port = 20000 + _int_var(env, "SLURM_JOB_ID") % 20000
-        else:
-            port = DEFAULT_MASTER_PORT
-        return _check(
-            DistContext(
-                rank=rank,
-                local_rank=local_rank,
-                world_size=world,
-                local_world_size=local_world,
-                master_addr=master_addr,
-                master_port=port,
-                source="slurm",
-                node_rank=node_rank,
-            )
-        )
-
+        return _from_slurm(env)
     return DistContext(
         rank=0,
         local_rank=0,
@@ -233,6 +158,93 @@ def dist_context(environ: Mapping[str, str] | None = None) -> DistContext:
         source="single",
         node_rank=0,
     )
+
+
+def _from_torchrun(env: Mapping[str, str]) -> DistContext:
+    """The context torchrun's variables describe (or Slurm's, once :func:`init_distributed` exported them so)."""
+    rank = _int_var(env, "RANK")
+    world = _int_var(env, "WORLD_SIZE")
+    local_world = _int_var(env, "LOCAL_WORLD_SIZE", world)  # set by torchrun; one node when set by hand
+    if world < 1 or local_world < 1:
+        raise ValueError(f"WORLD_SIZE={world} and LOCAL_WORLD_SIZE={local_world} must both be >= 1")
+    local_rank = _int_var(env, "LOCAL_RANK", rank % local_world)
+    node_rank = _int_var(env, "GROUP_RANK", rank // local_world)
+    # init_distributed() exports Slurm's numbers as RANK/WORLD_SIZE for env://; keep calling them Slurm's.
+    from_slurm = "TORCHELASTIC_RUN_ID" not in env and env.get("SLURM_PROCID") == str(rank)
+    return _check(
+        DistContext(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            master_addr=env.get("MASTER_ADDR") or DEFAULT_MASTER_ADDR,
+            master_port=_int_var(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
+            source="slurm" if from_slurm else "torchrun",
+            node_rank=node_rank,
+        )
+    )
+
+
+def _from_slurm(env: Mapping[str, str]) -> DistContext:
+    """The context of a task started by ``srun`` (see :func:`dist_context` for the rules)."""
+    rank = _int_var(env, "SLURM_PROCID")
+    ntasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    if not ntasks:
+        raise ValueError("Slurm task without SLURM_STEP_NUM_TASKS or SLURM_NTASKS: launch it with srun --ntasks N")
+    world = _int_var({"SLURM_NTASKS": ntasks}, "SLURM_NTASKS")
+    node_rank = _int_var(env, "SLURM_NODEID", 0)
+    local_rank = _int_var(env, "SLURM_LOCALID", 0)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    hosts = expand_nodelist(nodelist) if nodelist else []
+    local_world = _slurm_local_world(env, world, node_rank, hosts)
+    master_addr = env.get("MASTER_ADDR") or (hosts[0] if hosts else None)
+    if not master_addr:
+        raise ValueError(
+            "Slurm task without SLURM_STEP_NODELIST or SLURM_JOB_NODELIST: set MASTER_ADDR to the first node"
+        )
+    if env.get("MASTER_PORT"):
+        port = _int_var(env, "MASTER_PORT")
+    elif env.get("SLURM_JOB_ID"):
+        port = 20000 + _int_var(env, "SLURM_JOB_ID") % 20000
+    else:
+        port = DEFAULT_MASTER_PORT
+    return _check(
+        DistContext(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world,
+            local_world_size=local_world,
+            master_addr=master_addr,
+            master_port=port,
+            source="slurm",
+            node_rank=node_rank,
+        )
+    )
+
+
+def _slurm_local_world(env: Mapping[str, str], world: int, node_rank: int, hosts: list[str]) -> int:
+    """How many tasks of the step run on this node."""
+    per_node_spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or env.get(
+        "SLURM_TASKS_PER_NODE"
+    )
+    if per_node_spec:
+        per_node = _expand_tasks_per_node(per_node_spec)
+        if len(set(per_node)) == 1:  # the usual case: the same number of tasks on every node
+            return per_node[0]
+        elif node_rank < len(per_node):
+            return per_node[node_rank]
+        else:
+            raise ValueError(
+                f"SLURM_NODEID={node_rank} has no entry in tasks-per-node {per_node_spec!r}: "
+                "launch with srun --ntasks-per-node N"
+            )
+    elif len(hosts) == 1:
+        return world
+    else:
+        raise ValueError(
+            "cannot tell how many Slurm tasks run on this node (SLURM_STEP_TASKS_PER_NODE is not set): "
+            "launch with srun --ntasks-per-node N"
+        )
 
 
 def expand_nodelist(s: str) -> list[str]:

@@ -84,7 +84,7 @@ def _forked_rank(script: str, args: list[str], env: dict[str, str], log_path: st
 FORK_PRELOAD = ("torch", "torch.distributed", "torch._dynamo")
 
 
-def launch_forked(
+def run_forked(
     script: str | os.PathLike,
     args: Sequence[str] = (),
     nproc: int = 2,
@@ -115,11 +115,8 @@ def launch_forked(
     written, prefixed ``[rank<r>]`` as :func:`launch` does (:func:`launch` calls this under ``DLO_LAUNCHER=fork``).
     """
     script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
-    if not _can_fork_server():  # Windows: torchrun it is
-        from dlo.runtime.launch import launch
-
-        return launch(script_path, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=False,
-                      echo=echo)
+    if not _can_fork_server():  # Windows: dlo.runtime.launch.launch_forked runs torchrun instead
+        raise RuntimeError("this platform has no fork server: use dlo.runtime.launch(), which runs torchrun")
 
     folder = _records_folder(script_path, records_dir)
     logs = [folder / f"rank{rank}.log" for rank in range(nproc)]

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlo.runtime.forked import FORK_PRELOAD, FORKED_GRACE_S, _Tail, _forked_rank, launch_forked  # noqa: F401
+from dlo.runtime.forked import FORK_PRELOAD, FORKED_GRACE_S, _Tail, _forked_rank, run_forked  # noqa: F401
 from dlo.runtime.launch_report import (  # noqa: F401 - re-exported: `from dlo.runtime.launch import ...`
     _SRUN_FAILURE, _SRUN_PREFIX, _TORCHRUN_FAILURE, _TORCHRUN_PREFIX, LaunchError, _blame, _code_text,
     _first_failure, _fresh_notes, _last_meaningful, _peer_lost, _read_lines, _without_own_prefix)
@@ -150,7 +150,7 @@ def launch(
     child_env = _child_env(env, folder)
     srun = use_srun if use_srun is not None else bool(child_env.get("SLURM_JOB_ID"))
     if forked and not srun:
-        return launch_forked(script_path, args, nproc, records_dir=folder, env=env, timeout_s=timeout_s, echo=echo)
+        return run_forked(script_path, args, nproc, records_dir=folder, env=env, timeout_s=timeout_s, echo=echo)
     child_env = _launcher_env(child_env, srun, use_srun, nproc)
     command = build_launch_command(script_path, args, nproc, srun, child_env, log_dir=folder / "torchrun")
     output = _Output("srun" if srun else "torchrun", echo)
@@ -288,3 +288,24 @@ def _failure(output: _Output, script_path: Path, nproc: int, command: Sequence[s
         f"{who} of {name} failed with exit code {_code_text(code)}: {last or '(no output)'} ({where})",
         rank=rank, exit_code=code, last_line=last, log=log, command=command, records_dir=folder,
     )
+
+
+def launch_forked(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    nproc: int = 2,
+    *,
+    records_dir: str | os.PathLike | None = None,
+    env: Mapping[str, str | None] | None = None,
+    timeout_s: float | None = None,
+    preload: Sequence[str] = FORK_PRELOAD,
+    echo: bool = False,
+) -> list[dict]:
+    """:func:`dlo.runtime.forked.run_forked`: ``script`` on ``nproc`` ranks forked from a server that has already
+    imported ``preload`` (seconds saved per rank), their records returned; where there is no fork server
+    (Windows), :func:`launch` with torchrun instead."""
+    if not _can_fork_server():
+        return launch(script, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=False,
+                      echo=echo)
+    return run_forked(script, args, nproc, records_dir=records_dir, env=env, timeout_s=timeout_s, preload=preload,
+                      echo=echo)

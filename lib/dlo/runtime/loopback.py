@@ -108,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """``python -m dlo.runtime.loopback <torchrun arguments>``: torchrun, with its stores on 127.0.0.1 only."""
     import torch.distributed as dist
 
+    # this process is torchrun's agent, not a rank: its own failure ("a rank failed") is no rank's failure note
+    sys.excepthook = sys.__excepthook__
     loopback = _loopback_store_class()
     dist.TCPStore = loopback  # looked up when the agent creates the store it shares with its ranks
     from torch.distributed import run

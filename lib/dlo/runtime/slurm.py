@@ -36,6 +36,10 @@ class Cluster:
     ``--cpus-per-task`` when it is not given. ``arch_modules``: a module loaded before the others on that
     constraint (or partition). ``module_purge``: start the module section with ``module purge``.
     ``account_suffix``: accounts of the form ``project@kind`` must name the kind of GPU asked for.
+    ``gpus_per_node``: the GPUs a node has, keyed by ``--partition`` then ``--constraint`` value; when given,
+    a constraint missing from it does not exist there and is refused, as is a larger ``--gpus-per-node``.
+    ``max_hours``: the longest ``--time`` of a QoS, keyed by the end of its name (``"-dev"``, ``"-t3"``), ``""``
+    being the QoS a job gets without ``--qos``. Refused here in one line, rather than by sbatch after the edit.
     """
 
     name: str
@@ -45,6 +49,8 @@ class Cluster:
     arch_modules: Mapping[str, str] = field(default_factory=dict)
     module_purge: bool = False
     account_suffix: Mapping[str, str] = field(default_factory=dict)
+    gpus_per_node: Mapping[str, int] = field(default_factory=dict)
+    max_hours: Mapping[str, int] = field(default_factory=dict)
 
 
 CLUSTERS: dict[str, Cluster] = {
@@ -62,6 +68,11 @@ CLUSTERS: dict[str, Cluster] = {
         arch_modules={"a100": "cpuarch/amd", "gpu_p5": "cpuarch/amd", "h100": "arch/h100", "gpu_p6": "arch/h100"},
         module_purge=True,
         account_suffix={"v100": "v100", "v100-16g": "v100", "v100-32g": "v100", "a100": "a100", "h100": "h100"},
+        # IDRIS's GPU nodes: 4 V100 (8 on gpu_p2), 8 A100 (gpu_p5), 4 H100 (gpu_p6)
+        gpus_per_node={"gpu_p2": 8, "gpu_p2s": 8, "gpu_p2l": 8, "gpu_p5": 8, "gpu_p6": 4, "v100": 4,
+                       "v100-16g": 4, "v100-32g": 4, "a100": 8, "h100": 4},
+        # IDRIS's GPU QoS: -dev 2 h, -t3 20 h (the default), -t4 100 h
+        max_hours={"": 20, "-dev": 2, "-t3": 20, "-t4": 100},
     ),
 }
 
@@ -109,6 +120,16 @@ def _check_time(value: str | int) -> str:
     if total == 0 and not any(g.get(k, 0) for k in ("ds", "hs", "ms")):
         raise ValueError(f"time {value!r} is zero: give the job some time, e.g. 02:00:00")
     return text
+
+
+def _minutes(text: str) -> float:
+    """A time already checked by :func:`_check_time`, in minutes (infinite for "unlimited")."""
+    m = _TIME_RE.match(text)
+    if m is None:
+        return float("inf")
+    g = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    return (g.get("d", 0) * 1440 + (g.get("dh", 0) + g.get("h", 0)) * 60 + g.get("dm", 0) + g.get("hm", 0)
+            + g.get("m", 0) + (g.get("ds", 0) + g.get("hs", 0) + g.get("ms", 0)) / 60)
 
 
 def _check_count(name: str, value: int | None) -> int | None:
@@ -234,104 +255,146 @@ def render(
     written after ``#SBATCH`` (``"--mail-type=END"``); they replace a template line of the same option.
     ``modules``: ``module load`` lines written after the ``# @dlo-modules`` marker (preceded by the
     preset's ``module purge`` and arch module). Options left at None keep the template's value.
-    Raises ValueError (one line) for an unknown template or cluster, or an invalid value.
+    Raises ValueError (one line) for an unknown template or cluster, an invalid value, or one the cluster
+    would refuse (a time above the QoS's limit, a constraint or GPU count its nodes do not have).
     """
     path = template_path(template)
     if cluster not in CLUSTERS:
         raise ValueError(f"unknown cluster preset {cluster!r}: choose one of {', '.join(CLUSTERS)}")
     preset = CLUSTERS[cluster]
+    req = _Request(template, _check_word("account", account), _check_word("partition", partition),
+                   _check_word("qos", qos), _check_word("constraint", constraint, _CONSTRAINT_RE),
+                   _check_time(time) if time is not None else None, _check_count("nodes", nodes),
+                   _check_count("gpus_per_node", gpus_per_node), _check_count("cpus_per_task", cpus_per_task),
+                   _check_word("job name", job_name), *_check_lists(extra_sbatch, modules))
+    _check_against(preset, req)
+    lines = path.read_text().splitlines()
+    if req.cpus_per_task is None:
+        req.cpus_per_task = _preset_cpus(preset, req, lines)
+    lines = _set_options(lines, _sbatch_options(preset, req))
+    if req.modules:
+        lines = _insert_modules(lines, preset, req, path)
+    summary = [f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in (
+        ("cluster", cluster), ("account", req.account), ("partition", req.partition), ("qos", req.qos),
+        ("constraint", req.constraint), ("time", req.time), ("nodes", req.nodes),
+        ("gpus_per_node", req.gpus_per_node), ("cpus_per_task", req.cpus_per_task), ("job_name", req.job_name))
+        if v is not None]
+    summary += [f"--sbatch={shlex.quote(t)}" for _, t in req.extras] + [f"--module {shlex.quote(m)}" for m in modules]
+    start = 1 if lines and lines[0].startswith("#!") else 0
+    lines[start:start] = [f"# Rendered from slurm/{template}.sbatch (edit that, not this) by:",
+                          f"#   dlo slurm {template} {' '.join(summary)}".rstrip()]
+    return "\n".join(lines) + "\n"
 
-    account = _check_word("account", account)
-    partition = _check_word("partition", partition)
-    qos = _check_word("qos", qos)
-    constraint = _check_word("constraint", constraint, _CONSTRAINT_RE)
-    job_name = _check_word("job name", job_name)
-    nodes = _check_count("nodes", nodes)
-    gpus_per_node = _check_count("gpus_per_node", gpus_per_node)
-    cpus_per_task = _check_count("cpus_per_task", cpus_per_task)
-    time_text = _check_time(time) if time is not None else None
+
+@dataclass
+class _Request:
+    """The values of one :func:`render`, each checked (None: keep the template's)."""
+
+    template: str
+    account: str | None
+    partition: str | None
+    qos: str | None
+    constraint: str | None
+    time: str | None
+    nodes: int | None
+    gpus_per_node: int | None
+    cpus_per_task: int | None
+    job_name: str | None
+    extras: list[tuple[str, str]]
+    modules: list[str]
+
+
+def _check_lists(extra_sbatch: Sequence[str], modules: Sequence[str]) -> tuple[list[tuple[str, str]], list[str]]:
     if isinstance(extra_sbatch, str) or isinstance(modules, str):
         raise ValueError("extra_sbatch and modules are lists of strings, e.g. modules=['pytorch-gpu/py3/2.7.0']")
     extras = [_parse_extra(item) for item in extra_sbatch]
-    module_names = []
+    names = []
     for name in modules:
         text = str(name).strip()
         if not _MODULE_RE.match(text):
             raise ValueError(f"invalid module name {name!r}: one name such as pytorch-gpu/py3/2.7.0")
-        module_names.append(text)
+        names.append(text)
+    return extras, names
 
-    if template == "notebook" and nodes is not None and nodes > 1:
-        raise ValueError(f"the notebook template runs on one node, not {nodes}: use the torchrun template for several nodes")
+
+def _check_against(preset: Cluster, req: _Request) -> None:
+    """What the template and the cluster would refuse, in one line before anything is written."""
+    if req.template == "notebook" and req.nodes is not None and req.nodes > 1:
+        raise ValueError(f"the notebook template runs on one node, not {req.nodes}: "
+                         "use the torchrun template for several nodes")
+    account, constraint = req.account, req.constraint
     if account and "@" in account and preset.account_suffix and constraint:
         wanted = preset.account_suffix.get(constraint)
         if wanted and account.rsplit("@", 1)[1] != wanted:
             raise ValueError(f"account {account!r} does not match --constraint {constraint}: "
                              f"use the project's {wanted} hours, e.g. {account.rsplit('@', 1)[0]}@{wanted}")
+    known = preset.gpus_per_node
+    simple = constraint is not None and _WORD_RE.match(constraint) is not None  # not an expression (a|b, a&b)
+    if known and simple and constraint not in known:
+        kinds = ", ".join(k for k in known if not k.startswith("gpu_"))
+        raise ValueError(f"no {preset.name} node has the feature --constraint {constraint}: use one of {kinds}")
+    node = next((known[k] for k in (req.partition, constraint) if k in known), None)
+    if node is not None and req.gpus_per_node is not None and req.gpus_per_node > node:
+        where = req.partition if req.partition in known else constraint
+        raise ValueError(f"{where} nodes of {preset.name} have {node} GPUs, not {req.gpus_per_node}: "
+                         f"use --gpus-per-node {node} or fewer, and more --nodes")
+    if preset.max_hours and req.time is not None:
+        qos = req.qos or ""
+        suffix = next((s for s in preset.max_hours if s and qos.endswith(s)), "" if not qos else None)
+        limit = preset.max_hours.get(suffix) if suffix is not None else None
+        if limit is not None and _minutes(req.time) > limit * 60:
+            which = f"the QoS {qos}" if qos else "the default QoS"
+            raise ValueError(f"--time {req.time} is above the {limit} h of {which} on {preset.name}: "
+                             "ask for less, or split the run and resume it from its checkpoint (slurm/README.md)")
 
-    text = path.read_text()
-    lines = text.splitlines()
 
-    # The CPU cores the preset gives per GPU, when the caller did not say.
-    key = constraint if constraint in preset.cpus_per_gpu else partition if partition in preset.cpus_per_gpu else ""
-    if cpus_per_task is None and key in preset.cpus_per_gpu:
-        per_gpu = preset.cpus_per_gpu[key]
-        if template == "notebook":
-            gpus = gpus_per_node or _check_count("gpus-per-node", _header_value(lines, "--gpus-per-node") or 1)
-            cpus_per_task = per_gpu * gpus
-        else:
-            cpus_per_task = per_gpu
+def _preset_cpus(preset: Cluster, req: _Request, lines: list[str]) -> int | None:
+    """The CPU cores the preset gives per GPU (times the GPUs of a notebook's one task), when not given."""
+    per = preset.cpus_per_gpu
+    key = req.constraint if req.constraint in per else req.partition if req.partition in per else ""
+    if key not in per:
+        return None
+    if req.template == "notebook":
+        gpus = req.gpus_per_node or _check_count("gpus-per-node", _header_value(lines, "--gpus-per-node") or 1)
+        return per[key] * gpus
+    return per[key]
 
+
+def _sbatch_options(preset: Cluster, req: _Request) -> list[tuple[str, str]]:
+    """The ``(option, "#SBATCH text")`` pairs to set: the values given, the preset's, the extras."""
     options: list[tuple[str, str]] = []
-
-    def add(key: str, value) -> None:
+    for key, value in (("--job-name", req.job_name), ("--account", req.account), ("--partition", req.partition),
+                       ("--qos", req.qos), ("--constraint", req.constraint), ("--nodes", req.nodes),
+                       ("--ntasks-per-node", req.gpus_per_node if req.template == "torchrun" else None),  # 1 per GPU
+                       ("--gpus-per-node", req.gpus_per_node), ("--cpus-per-task", req.cpus_per_task),
+                       ("--time", req.time)):
         if value is not None:
             options.append((key, f"{key}={value}"))
-
-    add("--job-name", job_name)
-    add("--account", account)
-    add("--partition", partition)
-    add("--qos", qos)
-    add("--constraint", constraint)
-    add("--nodes", nodes)
-    if template == "torchrun":
-        add("--ntasks-per-node", gpus_per_node)  # one task per GPU
-    add("--gpus-per-node", gpus_per_node)
-    add("--cpus-per-task", cpus_per_task)
-    add("--time", time_text)
     given = {k for k, _ in options}
     for item in preset.sbatch:
         k, t = _parse_extra(item)
         if k not in given:
             options.append((k, t))
-    for k, t in extras:
+    for k, t in req.extras:
         if k in given:
             raise ValueError(f"{k} is given twice (as an option and in extra_sbatch): give it once")
         options = [(ok, ot) for ok, ot in options if ok != k] + [(k, t)]
+    return options
 
-    lines = _set_options(lines, options)
 
-    if module_names:
-        try:
-            at = [line.strip() for line in lines].index(MODULES_MARKER)
-        except ValueError:
-            raise ValueError(f"{path} has no '{MODULES_MARKER}' line: modules cannot be placed") from None
-        loads = ["module purge"] if preset.module_purge else []
-        arch = preset.arch_modules.get(constraint or "") or preset.arch_modules.get(partition or "")
-        if arch and arch not in module_names:
-            module_names.insert(0, arch)
-        loads += [f"module load {name}" for name in module_names]
-        lines[at + 1:at + 1] = loads
-
-    summary = [f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in (
-        ("cluster", cluster), ("account", account), ("partition", partition), ("qos", qos),
-        ("constraint", constraint), ("time", time_text), ("nodes", nodes), ("gpus_per_node", gpus_per_node),
-        ("cpus_per_task", cpus_per_task), ("job_name", job_name)) if v is not None]
-    summary += [f"--sbatch={shlex.quote(t)}" for _, t in extras] + [f"--module {shlex.quote(m)}" for m in modules]
-    summary = " ".join(summary)
-    start = 1 if lines and lines[0].startswith("#!") else 0
-    lines[start:start] = [f"# Rendered from slurm/{template}.sbatch (edit that, not this) by:",
-                          f"#   dlo slurm {template} {summary}".rstrip()]
-    return "\n".join(lines) + "\n"
+def _insert_modules(lines: list[str], preset: Cluster, req: _Request, path: Path) -> list[str]:
+    """``module load`` lines after the marker (the preset's ``module purge`` and arch module first)."""
+    try:
+        at = [line.strip() for line in lines].index(MODULES_MARKER)
+    except ValueError:
+        raise ValueError(f"{path} has no '{MODULES_MARKER}' line: modules cannot be placed") from None
+    names = list(req.modules)
+    loads = ["module purge"] if preset.module_purge else []
+    arch = preset.arch_modules.get(req.constraint or "") or preset.arch_modules.get(req.partition or "")
+    if arch and arch not in names:
+        names.insert(0, arch)
+    loads += [f"module load {name}" for name in names]
+    return lines[:at + 1] + loads + lines[at + 1:]
 
 
 class _Parser(argparse.ArgumentParser):
