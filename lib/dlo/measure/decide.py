@@ -2,23 +2,28 @@
 
 Why a rule and not a look at two medians: two medians of five noisy repeats differ by chance, and a rule that
 calls every such difference "faster" keeps no-ops. Run on identical configurations, "higher median and disjoint
-interquartile bands" kept 10 % of no-op steps at 5 repeats. The rule here is built so that, on identical
+interquartile bands" kept 10 % of no-op steps at 5 repeats, and 1 ladder in 3 with four no-op steps kept one. The rule here is built so that, on identical
 configurations, it says "faster" in at most ``ALPHA`` (1 %) of the comparisons, whatever the noise looks like
 (as long as the two configurations are timed interleaved, so that the noise hits both alike):
 
-1. **A rank test that fits small samples.** The per-item times of A and B (seconds per image) are compared
-   with the exact Mann-Whitney test: count, over every pair (one repeat of A, one of B), how often A was faster.
-   If A and B were the same, every arrangement of the pooled repeats would be equally likely, and the exact
-   probability of a count at least this lopsided is known (no normal approximation, no assumption on the
-   shape of the noise). From the same counts comes a confidence interval for the ratio of throughputs
-   (Hodges-Lehmann: the median of the pairwise log-ratios, bounded by the order statistics the test allows).
+1. **A rank test that fits small samples.** Timed interleaved, A and B run in rounds (A B, then B A, ...): in
+   each round the machine is in the same state for both, so the round's log-ratio of their times per item is
+   the difference the change makes, with the drift of the machine taken out. If A and B were the same, each
+   round's log-ratio would be as likely positive as negative, and the exact Wilcoxon signed-rank test says how
+   unlikely it is that they lean this much one way (no normal approximation, no assumption on the shape of
+   the noise). It needs at least 7 rounds that all agree to reach 1 % (2**-7 < 0.01): fewer repeats are
+   "undecided", whatever the gap. From the same ranks comes a confidence interval for the throughput ratio
+   (Hodges-Lehmann: the median of the Walsh averages of the log-ratios, bounded by the order statistics the
+   test allows). Measurements with different numbers of repeats (not timed round by round) use the exact
+   Mann-Whitney test on every pair of repeats instead.
 2. **A minimum practical effect** (``MIN_EFFECT``, 3 %): a difference the test sees but that is smaller than
    that is not called "faster" (a 0.5 % gain is not worth a change of configuration, and small biases of a
    machine, such as which configuration runs first, are of that size).
 3. **Adaptive repeats with a cap.** :func:`dlo.measure.bench.measure_interleaved` (``max_repeats=``) adds
    interleaved rounds until the decision is clear or the cap is reached; the test is then run at a few fixed
-   round counts (:func:`looks`), and each look gets ``ALPHA / number of looks`` (Bonferroni), so that looking
-   several times does not raise the false-positive rate above ``ALPHA``. What is still unclear at the cap is
+   round counts (:func:`looks`), and each look that could show a difference gets ``ALPHA / number of such
+   looks`` (Bonferroni, :func:`useful_looks`), so that looking several times does not raise the false-positive
+   rate above ``ALPHA``. What is still unclear at the cap is
    reported as "undecided", never as kept and never with a ratio.
 
 The outcomes of :func:`decide`: "faster", "slower", "same" (the confidence interval of the ratio lies within
