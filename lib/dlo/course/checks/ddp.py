@@ -200,10 +200,16 @@ def _check_epoch(train_epoch: Callable) -> str:
     model = nn.Linear(5, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     out = train_epoch(model, loader, sampler, 3, opt, nn.CrossEntropyLoss(), torch.device("cpu"), show_bar=False)
-    expect(sampler.calls == [3], f"call sampler.set_epoch(epoch) once at the start of the epoch (calls seen: {sampler.calls})")
+    calls = sampler.calls
+    expect(bool(calls), "the sampler was never told the epoch: every epoch repeats epoch 0's shuffle")
+    expect(len(calls) == 1, f"the sampler was told the epoch {len(calls)} times (calls seen: {calls}): once per epoch, "
+                            "at its start, is enough")
+    expect(calls == [3], f"during epoch 3 the sampler was told epoch {calls[0]}: the shuffle must come from this "
+                         "epoch's own number (the same on every rank, another one next epoch)")
     expect(sampler.drawn_with == [3],
-           f"call sampler.set_epoch(epoch) before iterating the loader: this epoch's order was drawn with epoch "
-           f"{sampler.drawn_with[0] if sampler.drawn_with else None}, so two epochs share one order")
+           f"this epoch's order was drawn with epoch {sampler.drawn_with[0] if sampler.drawn_with else None}: "
+           "set_epoch came after the loader started iterating, and the shuffle is fixed when iteration begins, so "
+           "the epoch must be set before; two epochs share one order")
     expect(int(out[2]) == 12, "the epoch must still go through every batch")
     return "set_epoch(epoch) gives each epoch its own shuffle, identical on all ranks"
 

@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-EXPECT = 'set_epoch'
+EXPECT = 'during epoch 3'
 
 
 def train_epoch(model, loader, sampler, epoch, optimizer, criterion, device, show_bar=True):
