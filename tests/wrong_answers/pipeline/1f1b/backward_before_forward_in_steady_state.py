@@ -1,4 +1,5 @@
-"""In the steady state runs the backward before the forward: the last stage asks for a gradient it has not produced."""
+"""Family: part of the result. In the steady state runs the backward before the forward: the last stage asks for a
+gradient it has not produced."""
 import torch
 
 EXPECT = "before the forward"

@@ -1,4 +1,4 @@
-"""Steady state runs the backward of the newest micro-batch instead of the oldest."""
+"""Family: part of the result. Steady state runs the backward of the newest micro-batch instead of the oldest."""
 import torch
 
 EXPECT = "ran twice"

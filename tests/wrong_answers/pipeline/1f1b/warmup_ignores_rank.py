@@ -1,4 +1,5 @@
-"""Every rank warms up with world_size - 1 forwards: the later stages hold too many activations."""
+"""Family: inputs that never reach the mistake. Every rank warms up with world_size - 1 forwards: the later stages
+hold too many activations."""
 import torch
 
 EXPECT = ["warm-up", "before the first backward, this stage needs"]

@@ -1,4 +1,5 @@
-"""Warm-up of world_size - rank - 1 forwards even when m is smaller: micro-batches that do not exist."""
+"""Family: inputs that never reach the mistake. Warm-up of world_size - rank - 1 forwards even when m is smaller:
+micro-batches that do not exist."""
 import torch
 
 EXPECT = 'does not exist'

@@ -1,4 +1,4 @@
-"""world_size - rank forwards of warm-up: one too many on every stage."""
+"""Family: part of the result. world_size - rank forwards of warm-up: one too many on every stage."""
 import torch
 
 EXPECT = ["warm-up", "before the first backward, this stage needs"]

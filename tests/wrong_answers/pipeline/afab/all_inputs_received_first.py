@@ -1,4 +1,5 @@
-"""Asks for every micro-batch's input before the first forward: the stage waits until the previous one has sent them all."""
+"""Family: a flag instead of the behaviour. Asks for every micro-batch's input before the first forward: the stage
+waits until the previous one has sent them all."""
 
 EXPECT = "receive each input just before its compute"
 

@@ -1,4 +1,5 @@
-"""Runs the backwards from the last micro-batch to the first: the neighbour sends them in the other order."""
+"""Family: part of the result. Runs the backwards from the last micro-batch to the first: the neighbour sends them
+in the other order."""
 
 EXPECT = 'all backwards 0'
 

@@ -1,4 +1,4 @@
-"""range(m - 1): the last micro-batch never runs, its gradient is missing."""
+"""Family: part of the result. range(m - 1): the last micro-batch never runs, its gradient is missing."""
 
 EXPECT = 'never ran'
 

@@ -1,4 +1,5 @@
-"""Forward then backward of each micro-batch in turn: no pipelining at all (only one stage works at a time)."""
+"""Family: a flag instead of the behaviour. Forward then backward of each micro-batch in turn: no pipelining at all
+(only one stage works at a time)."""
 
 EXPECT = 'all forwards'
 

@@ -1,4 +1,5 @@
-"""Keeps the forward outputs in a list and sends them all after the last forward: the next stage idles meanwhile."""
+"""Family: a flag instead of the behaviour. Keeps the forward outputs in a list and sends them all after the last
+forward: the next stage idles meanwhile."""
 
 EXPECT = "send each result right after its compute"
 

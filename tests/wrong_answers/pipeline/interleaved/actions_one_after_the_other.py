@@ -1,4 +1,5 @@
-"""Runs each action of a steady step as receive-compute-send in turn: right computes, but on NCCL the transfers deadlock."""
+"""Family: a flag instead of the behaviour. Runs each action of a steady step as receive-compute-send in turn: right
+computes, but on NCCL the transfers deadlock."""
 import torch
 
 EXPECT = 'wait for each other forever'

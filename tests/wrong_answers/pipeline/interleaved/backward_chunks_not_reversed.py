@@ -1,4 +1,5 @@
-"""The backward visits the chunks in forward order: a chunk's gradient comes from the chunk after it."""
+"""Family: part of the result. The backward visits the chunks in forward order: a chunk's gradient comes from the
+chunk after it."""
 import torch
 
 EXPECT = "reverse order"

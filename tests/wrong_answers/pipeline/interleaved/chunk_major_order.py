@@ -1,4 +1,5 @@
-"""Numbers the forwards chunk by chunk over all micro-batches (k // m): the depth-first order of the schedule is lost."""
+"""Family: inputs that never reach the mistake. Numbers the forwards chunk by chunk over all micro-batches (k // m):
+the depth-first order of the schedule is lost."""
 import torch
 
 EXPECT = "before the forward"

@@ -1,5 +1,5 @@
-"""Family: inputs that never reach the mistake. The micro-batch of the k-th forward forgets its group of p (w % p only):
-right while m == p, where there is one group; with m = 2p the same micro-batches come back."""
+"""Family: inputs that never reach the mistake. The micro-batch of the k-th forward forgets its group of p (w % p
+only): right while m == p, where there is one group; with m = 2p the same micro-batches come back."""
 import torch
 
 EXPECT = "ran twice"

@@ -1,4 +1,5 @@
-"""Warm-up without the m == p case: with as many micro-batches as ranks, the later ranks start their backwards too early (all m*v forwards must come first)."""
+"""Family: inputs that never reach the mistake. Warm-up without the m == p case: with as many micro-batches as
+ranks, the later ranks start their backwards too early (all m*v forwards must come first)."""
 
 EXPECT = ["warm-up", "before the first backward, this stage needs"]
 

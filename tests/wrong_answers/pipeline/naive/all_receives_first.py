@@ -1,4 +1,5 @@
-"""Asks for both inputs (activation and gradient) up front: the forward would wait for a gradient that needs it."""
+"""Family: a flag instead of the behaviour. Asks for both inputs (activation and gradient) up front: the forward
+would wait for a gradient that needs it."""
 
 EXPECT = "receive each input just before its compute"
 

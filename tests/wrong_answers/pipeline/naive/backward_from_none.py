@@ -1,4 +1,5 @@
-"""Starts every stage's backward from None (as the last stage does): the gradient received from the next stage is never used."""
+"""Family: part of the result. Starts every stage's backward from None (as the last stage does): the gradient
+received from the next stage is never used."""
 
 EXPECT = ["None", "recv_backward"]
 

@@ -1,4 +1,5 @@
-"""Runs the backward but never sends the input gradient back: the previous stage waits forever."""
+"""Family: a flag instead of the behaviour. Runs the backward but never sends the input gradient back: the previous
+stage waits forever."""
 
 EXPECT = 'wait for each other forever'
 

@@ -1,4 +1,4 @@
-"""Forgets the backward: no gradient, nothing to train."""
+"""Family: part of the result. Forgets the backward: no gradient, nothing to train."""
 
 EXPECT = 'never ran'
 

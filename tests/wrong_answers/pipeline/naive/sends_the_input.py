@@ -1,4 +1,4 @@
-"""Sends its input on instead of its output."""
+"""Family: part of the result. Sends its input on instead of its output."""
 
 EXPECT = 'what the previous call returned'
 
