@@ -78,7 +78,9 @@ def _check_dispatch(dispatch_combine: Callable) -> str:
                 result = verdict(dispatch_combine, rows, expert, 0, 1, f"one process, {rows.shape[0]} rows")
                 expect(result == "ok", result)
         with_rows = counter.calls
-        expect(with_rows > 0, "no all_to_all_single was called: the rows must travel to their experts' ranks")
+        expect(with_rows > 0, "no call to torch.distributed.all_to_all_single was seen: the rows must travel to "
+                              "their experts' ranks (call it through the module, dist.all_to_all_single, so that "
+                              "the check sees it)")
         counter.calls = 0
         result = verdict(dispatch_combine, *case_inputs(1, 1), 0, 1, "one process, no row")
         per_call = with_rows // sum(1 for c in range(len(CASES)) if case_inputs(c, 0)[0].shape[0])
