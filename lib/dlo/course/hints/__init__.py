@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlo.course.hints import experts, fsdp, jour1, jour2, jour3, jour4, pipeline, tensor
-from dlo.course.hints.base import Hint
+from . import experts, fsdp, jour1, jour2, jour3, jour4, pipeline, tensor
+from .base import Hint
 from dlo.runtime.paths import RUNS_DIR
 
 HINTS: dict[tuple[str, str], Hint] = {}
