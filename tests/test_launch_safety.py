@@ -93,3 +93,23 @@ def test_the_callers_rank_variables_neither_reach_the_ranks_nor_change(tmp_path,
     seen = {r["rank"]: r["env"] for r in records}
     assert seen == {rank: {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3",
                            "GROUP_RANK": "0", "TORCHELASTIC_RUN_ID": None, "HOME": None} for rank in range(3)}
+
+
+def test_gloo_and_nccl_are_told_the_loopback_interface_on_one_machine_only(tmp_path, monkeypatch):
+    """Where the machine's host name resolves to a network address, gloo and NCCL would listen there: local runs
+    name the loopback interface (a value set by hand is kept), a run under srun (several nodes) names none."""
+    from dlo.runtime.forked import _rank_env
+    from dlo.runtime.launch import _launcher_env
+    from dlo.runtime.loopback import loopback_interface
+
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    lo = loopback_interface()
+    forked = _rank_env({"NCCL_SOCKET_IFNAME": "ib0"}, tmp_path, 2, 12345)
+    assert (forked["GLOO_SOCKET_IFNAME"], forked["NCCL_SOCKET_IFNAME"]) == (lo, "ib0")
+    assert (forked["MASTER_ADDR"], forked["MASTER_PORT"], forked["TORCHELASTIC_USE_AGENT_STORE"]) == (
+        "127.0.0.1", "12345", "True")
+    torchrun = _launcher_env({}, srun=False, use_srun=None, nproc=2)
+    assert torchrun["GLOO_SOCKET_IFNAME"] == lo == torchrun["NCCL_SOCKET_IFNAME"]
+    srun = _launcher_env({"SLURM_NTASKS": "2"}, srun=True, use_srun=None, nproc=2)
+    assert "GLOO_SOCKET_IFNAME" not in srun and "NCCL_SOCKET_IFNAME" not in srun
