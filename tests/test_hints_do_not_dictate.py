@@ -33,11 +33,7 @@ MIN_CHARS = 20
 
 #: Steps whose student copy, hints or messages still contain a solution line (measured when this test was written):
 #: remove a step once it is fixed.
-STILL_DICTATING: set[str] = {
-    "jour1/fp16",
-    "jour1/fp16_clip",
-    "jour1/cudnn",
-}
+STILL_DICTATING: set[str] = set()
 
 #: Steps whose wrong-answer messages are checked here too (their corpus is run again: single-process checkers only).
 MESSAGE_STEPS: set[str] = {"experts/balance", "experts/routing", "context/merge", "context/ring_step",
