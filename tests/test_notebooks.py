@@ -246,6 +246,20 @@ def test_kernel_guard_says_which_kernel_in_one_line():
     assert "JupyterHub" in (ROOT / "README.md").read_text()
 
 
+def test_kernel_guard_is_one_line_in_an_ipython_kernel_too():
+    """In a plain "Python 3" kernel (IPython), a SystemExit would be shown between IPython's boilerplate ("An exception
+    has occurred, use %tb to see the full traceback." and a UserWarning); the guard raises there an exception that
+    IPython renders as its message alone."""
+    pytest.importorskip("IPython")
+    guard = nbs.KERNEL_GUARD.replace("import dlo\n", "import dlo_is_not_installed_here\n")
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            f"InteractiveShell.instance().run_cell({guard!r})\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    shown = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+    assert shown == ["No module named 'dlo_is_not_installed_here': select the kernel 'Python (dlo)' (Kernel > Change "
+                     "Kernel...); not in the list? see 'JupyterHub' in README.md"], shown
+
+
 def _echoing_record(tree: ast.Module) -> bool:
     last = tree.body[-1] if tree.body else None
     if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)):

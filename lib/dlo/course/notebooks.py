@@ -44,8 +44,11 @@ KERNEL_GUARD = (
     "try:  # without the course's kernel, say which one to pick\n"
     "    import dlo\n"
     "except ModuleNotFoundError as e:\n"
-    "    raise SystemExit(f\"{e}: select the kernel 'Python (dlo)' (Kernel > Change Kernel...); \"\n"
-    "                     \"not in the list? see 'JupyterHub' in README.md\") from None\n"
+    "    class WrongKernel(Exception):  # shown by Jupyter as this one line, without a traceback\n"
+    "        _render_traceback_ = lambda self: [str(self)]\n"
+    "    raise (WrongKernel if \"get_ipython\" in globals() else SystemExit)(\n"
+    "        f\"{e}: select the kernel 'Python (dlo)' (Kernel > Change Kernel...); \"\n"
+    "        \"not in the list? see 'JupyterHub' in README.md\") from None\n"
 )
 
 
