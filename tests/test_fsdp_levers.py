@@ -321,9 +321,10 @@ def test_records_say_which_levers_ran(lever_records):
     assert by["accum every"]["predicted"]["accumulated_unsharded_grads"] == 0
     for r in by.values():
         assert "mfu" in r and "hfu" in r  # None on a CPU: no reference peak
+    head = F.flops_per_token(CFG, SEQ, include_head=True) - F.flops_per_token(CFG, SEQ)  # counted, not recomputed
     assert math.isclose(by["full ckpt"]["hardware_flops_per_token"] / by["full ckpt"]["flops_per_token"],
-                        F.hardware_flops_per_token(CFG, SEQ, recomputed_layers=CFG.num_layers)
-                        / F.flops_per_token(CFG, SEQ))
+                        (F.hardware_flops_per_token(CFG, SEQ, recomputed_layers=CFG.num_layers) + head)
+                        / F.flops_per_token(CFG, SEQ, include_head=True))
 
 
 @pytest.mark.parametrize("argv, says", [
