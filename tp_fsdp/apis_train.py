@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -26,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from dlo.lessons import apis
 from dlo.models.llama import DecoderBlock, Llama, lm_loss, token_batch
-from dlo.runtime import write_record
+from dlo.runtime import exit_after_success, write_record
 
 
 def dataset(cfg, args) -> TensorDataset:
@@ -168,10 +167,11 @@ def main(argv=None) -> None:
         print(f"[{name}] resolved: {resolved['summary']}; loss {meter.losses[0]:.4f} -> {meter.losses[-1]:.4f} "
               f"(rank 0), params held per rank {meter.bytes['params']:,} B", flush=True)
     if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        dist.barrier()  # past it, no peer waits for this rank: it may leave without tearing its groups down
 
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)
+    # leave without Python's finalizers: a rank was seen hanging at exit in the destruction of the gloo group that
+    # Fabric or Accelerate holds, after its record was written and every rank had passed the barrier
+    exit_after_success(keep_group=True)
