@@ -30,6 +30,8 @@ import argparse
 import sys
 from typing import Any
 
+from dlo.runtime.arguments import ScriptParser
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from dlo.course.notebooks import NotebookError, parse_value
@@ -170,16 +172,9 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     return 1 if failed(payload["results"]) else 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line (``dlo run: error: ... (see dlo run --help)``), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dlo``: one sub-command per task, each added by its own function."""
-    p = _Parser(prog="dlo", description="Deep Learning Optimise workbook tools")
+    p = ScriptParser(prog="dlo", description="Deep Learning Optimise workbook tools")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run(sub)
     _add_exercises(sub)

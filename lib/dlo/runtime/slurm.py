@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from dlo.runtime import paths
+from dlo.runtime.arguments import ScriptParser
 
 TEMPLATES: tuple[str, ...] = ("notebook", "torchrun")
 MODULES_MARKER = "# @dlo-modules"
@@ -397,15 +398,10 @@ def _insert_modules(lines: list[str], preset: Cluster, req: _Request, path: Path
     return lines[:at + 1] + loads + lines[at + 1:]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line instead of usage + message
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dlo slurm``."""
     clusters = "; ".join(f"{c.name}: {c.description}" for c in CLUSTERS.values())
-    p = _Parser(
+    p = ScriptParser(
         prog="dlo slurm",
         description="Print a Slurm job script from slurm/<TEMPLATE>.sbatch with these #SBATCH settings. "
         "Submit it from the repository root: sbatch FILE NOTEBOOK.ipynb | SCRIPT.py [args].",
