@@ -28,6 +28,7 @@ NotImplementedError until you write them; ``dlo check pipeline <step>`` checks o
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 
@@ -192,6 +193,8 @@ def why_invalid(args, world_size: int, schedule: str, m: int) -> str | None:
     v = args.virtual if schedule == "interleaved" else 1
     if schedule in LIBRARIES and world_size == 1:
         return f"{schedule} needs at least 2 stages: launch with nproc >= 2"
+    if schedule == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return "DeepSpeed is not installed in this Python (a GPU node may not have it): its row is left out"
     if v < 1:
         return f"virtual stages per rank must be >= 1, got {v}"
     try:
