@@ -3,13 +3,13 @@ fail show as one line each and the log's path, not as their tracebacks."""
 from __future__ import annotations
 
 import io
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from dlo.course.checks import CheckFailed, launching
-from dlo.runtime.launch import LaunchError
+from dlo.runtime.launch import LaunchError, launch
+from dlo.runtime.launch_view import FoldedOutput, RanksFailed
 from dlo.runtime.paths import ROOT
 
 STUDENT = ROOT / "Jour2" / "student" / "dp_scratch_train.py"
@@ -67,35 +67,58 @@ def test_failed_ranks_are_those_with_a_traceback_each_with_its_exception():
                       log=LOG, records_dir=Path("/tmp/launch"))
     assert launching.failed_ranks(err) == {1: "NotImplementedError: write step 3 (overlap)",
                                            2: "torch.distributed.DistBackendError: Connection closed by peer"}
+    blamed_two = LaunchError("rank 2 of x.py failed", rank=2, last_line="", log=LOG)
+    assert list(launching.failed_ranks(blamed_two)) == [2, 1]  # the launcher's verdict first, then the others
     killed = LaunchError("rank 3 of x.py failed with exit code -9 (SIGKILL)", rank=3, last_line="", log="[rank3] hi")
     assert launching.failed_ranks(killed) == {3: "(no output)"}
 
 
 def test_the_live_output_leaves_out_tracebacks_and_the_launchers_report():
     out = io.StringIO()
-    filt = launching._WithoutTracebacks(out)
+    filt = FoldedOutput(out)
     for line in LOG.splitlines():
         filt.write(line + "\n")
     assert out.getvalue().splitlines() == ["[rank0] step 1", "[rank0] still here"]
 
 
-def test_failing_ranks_show_one_line_each_and_the_log(tmp_path, capsys):
+FAILS = """\
+import os
+rank = int(os.environ["RANK"])
+print(f"rank {rank} starts", flush=True)
+if rank > 0:
+    def step():
+        raise ValueError(f"bad value on rank {rank}")
+    step()
+"""
+
+
+@pytest.mark.parametrize("checked", [True, False], ids=["launch_checked", "launch"])
+def test_failing_ranks_show_one_line_each_and_the_log(checked, tmp_path, capsys):
+    """Both a checked launch and a plain ``launch()`` (the experts, context, grid and apis notebooks) show one
+    line per failed rank, the rank the launcher blames first, and the log's path; the tracebacks are in the log."""
     script = tmp_path / "fails.py"
-    script.write_text(textwrap.dedent("""\
-        import os
-        rank = int(os.environ["RANK"])
-        print(f"rank {rank} starts", flush=True)
-        if rank > 0:
-            def step():
-                raise ValueError(f"bad value on rank {rank}")
-            step()
-        """))
-    with pytest.raises(launching.RanksFailed) as info:
-        launching.launch_checked("dp_scratch", script, nproc=3, steps=[], timeout_s=300, records_dir=tmp_path / "rec")
+    script.write_text(FAILS)
+    with pytest.raises(RanksFailed) as info:
+        if checked:
+            launching.launch_checked("dp_scratch", script, nproc=3, steps=[], timeout_s=300,
+                                     records_dir=tmp_path / "rec")
+        else:
+            launch(script, nproc=3, timeout_s=300, records_dir=tmp_path / "rec")
     shown = info.value._render_traceback_()
-    assert shown == ["rank 1 failed: ValueError: bad value on rank 1", "rank 2 failed: ValueError: bad value on rank 2",
-                     f"fails.py on 3 processes failed; every rank's output: {tmp_path / 'rec' / 'launch.log'}"]
+    assert shown[0] == f"rank {info.value.rank} failed: ValueError: bad value on rank {info.value.rank}"
+    assert sorted(shown[:2]) == ["rank 1 failed: ValueError: bad value on rank 1",
+                                 "rank 2 failed: ValueError: bad value on rank 2"]
+    assert shown[2:] == [f"fails.py on 3 processes failed; every rank's output: {tmp_path / 'rec' / 'launch.log'}"]
     printed = capsys.readouterr().out
     assert "[rank0] rank 0 starts" in printed and "Traceback" not in printed and "[torchrun]" not in printed
     assert "Traceback" in (tmp_path / "rec" / "launch.log").read_text()  # the whole output is in the log
     assert isinstance(info.value, LaunchError) and str(info.value).startswith("rank ")
+
+
+def test_tracebacks_true_streams_every_line(tmp_path, capsys):
+    script = tmp_path / "fails.py"
+    script.write_text(FAILS)
+    with pytest.raises(LaunchError) as info:
+        launch(script, nproc=2, timeout_s=300, records_dir=tmp_path / "rec", tracebacks=True)
+    assert not isinstance(info.value, RanksFailed)
+    assert "[rank1] Traceback (most recent call last):" in capsys.readouterr().out.splitlines()

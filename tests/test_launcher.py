@@ -53,7 +53,9 @@ def test_launch_failure_names_the_rank_that_failed_first(tmp_path, capsys):
     assert msg.startswith("rank 1 of fail_rank1.py failed with exit code 1: ValueError: boom")
     assert (exc.rank, exc.exit_code, exc.last_line, exc.timed_out) == (1, 1, "ValueError: boom", False)
     assert "[rank1] ValueError: boom" in exc.log.splitlines()  # the full log is kept, one rank prefix per line
-    assert "[rank1] ValueError: boom" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the traceback and torchrun's report stay in the log, not on screen
+    assert "Traceback" not in out and "[torchrun]" not in out and "[rank1] ValueError: boom" not in out
+    assert exc._render_traceback_()[0] == "rank 1 failed: ValueError: boom"  # what a notebook shows
     assert elapsed < 60, f"rank 0 was left waiting for the dead rank 1 ({elapsed:.0f} s)"
 
 

@@ -45,6 +45,7 @@ from dlo.runtime.forked import FORK_PRELOAD, FORKED_GRACE_S, _Tail, _forked_rank
 from dlo.runtime.launch_report import (  # noqa: F401 - re-exported: `from dlo.runtime.launch import ...`
     _SRUN_FAILURE, _SRUN_PREFIX, _TORCHRUN_FAILURE, _TORCHRUN_PREFIX, LaunchError, _blame, _code_text,
     _first_failure, _fresh_notes, _last_meaningful, _peer_lost, _read_lines, _without_own_prefix)
+from dlo.runtime.launch_view import FoldedOutput, RanksFailed, folded  # noqa: F401
 from dlo.runtime.launch_request import (  # noqa: F401 - re-exported
     LAUNCHER_ENV, LAUNCHERS, _RANK_VARS, _can_fork_server, _check_args, _check_nproc, _check_request, _child_env,
     _records_folder, _usable_cpus, check_processes, expand_runs, launcher_choice)
@@ -123,6 +124,7 @@ def launch(
     timeout_s: float | None = None,
     use_srun: bool | None = None,
     echo: bool = True,
+    tracebacks: bool = False,
 ) -> list[dict]:
     """Run ``script`` on ``nproc`` processes, stream their output, return the records they wrote.
 
@@ -142,7 +144,31 @@ def launch(
     If a rank fails, or ``timeout_s`` passes, raises :class:`LaunchError` naming the rank that failed
     first, its exit code and its last meaningful line (usually the exception). The whole log is also
     written to ``<records_dir>/launch.log``.
+
+    Tracebacks are not streamed (:mod:`dlo.runtime.launch_view`): a failing rank's lines stop at its traceback's
+    first line, the launcher's own report is held back, and the error is :class:`RanksFailed` (a LaunchError),
+    shown in a notebook as one line per failed rank and the log's path. ``tracebacks=True`` streams everything.
     """
+    kwargs = dict(records_dir=records_dir, env=env, timeout_s=timeout_s, use_srun=use_srun, echo=echo)
+    if tracebacks:
+        return _launch(script, args, nproc, **kwargs)
+    out = sys.stdout
+    view = FoldedOutput(out) if echo else out
+    try:
+        sys.stdout = view
+        try:
+            return _launch(script, args, nproc, **kwargs)
+        finally:
+            view.flush()
+            sys.stdout = out
+    except LaunchError as err:
+        raise folded(err, script, nproc) from None
+
+
+def _launch(script: str | os.PathLike, args: Sequence[str], nproc: int, *, records_dir: str | os.PathLike | None,
+            env: Mapping[str, str | None] | None, timeout_s: float | None, use_srun: bool | None,
+            echo: bool) -> list[dict]:
+    """:func:`launch`, every line streamed as it comes (``echo``), a plain :class:`LaunchError` on failure."""
     script_path, args, nproc = _check_request(script, args, nproc, timeout_s)
     forked = launcher_choice() == "fork" and _can_fork_server()
 
