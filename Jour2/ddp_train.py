@@ -16,6 +16,87 @@ until you write them, and ``dlo check ddp <step>`` checks one function (``dlo ch
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
+
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+from dlo.runtime.validate import check_batch_divisible
+
+MODELS = ("resnet18", "heads", "stochdepth")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="ddp_train.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=MODELS, default="resnet18")
+    p.add_argument("--width", type=at_least(1), default=64, help="channels of the first stage (64: the real ResNet-18)")
+    p.add_argument("--global-batch", type=at_least(1), default=256, help="images per optimizer step, over all ranks")
+    p.add_argument("--epochs", type=at_least(1), default=1)
+    p.add_argument("--max-steps", type=at_least(1), default=None, help="stop each epoch after this many steps")
+    p.add_argument("--warmup-steps", type=at_least(0), default=2, help="first steps left out of the timing")
+    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--n-train", type=at_least(1), default=10000, help="generated data only: training images")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--workers", type=at_least(0), default=0, help="DataLoader workers per rank")
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--sync-bn", action="store_true")
+    p.add_argument("--bucket-cap-mb", type=positive_float, default=25.0)
+    p.add_argument("--find-unused-parameters", action="store_true")
+    p.add_argument("--comm-view", action="store_true", help="record every gradient bucket's all-reduce")
+    p.add_argument("--checkpoint", default=None, help="file to save at the end (rank 0)")
+    p.add_argument("--runs", default=None,
+                   help='JSON list of runs, each a dict of overrides, e.g. [{"name": "1 MB", "bucket_cap_mb": 1}]: '
+                        "several configurations in one launch (the process start-up is paid once)")
+    return p
+
+
+def check_run(args: argparse.Namespace, world_size: int) -> None:
+    """The options of one run checked together, and against the launch's process count: a ValueError in one line
+    (a --runs entry's values get the same checks as the command line's)."""
+    parser = build_parser()
+    for action in parser._actions:  # the values a --runs entry overrides, held to the command line's rules
+        value = getattr(args, action.dest, None)
+        if action.type is not None and value is not None and not isinstance(value, str):
+            try:
+                action.type(str(value))
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"argument {action.option_strings[0]}: {exc}") from None
+    try:
+        check_batch_divisible(args.global_batch, world_size)
+    except ValueError as exc:
+        raise ValueError(f"argument --global-batch: {exc}") from None
+    if args.max_steps is not None and args.epochs * args.max_steps <= args.warmup_steps:
+        raise ValueError(f"argument --warmup-steps: {args.warmup_steps} warm-up steps leave none of the "
+                         f"{args.epochs} x {args.max_steps} steps to time: lower it or run more steps")
+
+
+def refuse(exc: ValueError, rank: int) -> NoReturn:
+    """The one line, written by rank 0 (every rank finds the same mistake; the others leave quietly, exit 2)."""
+    if rank:
+        raise SystemExit(2)
+    build_parser().refuse(exc)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    _launch = dist_context()  # torchrun's or srun's variables
+    try:
+        check_run(parse_args(), _launch.world_size)
+    except ValueError as _exc:
+        refuse(_exc, _launch.rank)
+
 import statistics
 import sys
 import time
@@ -180,9 +261,6 @@ def save_on_main(ctx, path, model, optimizer, epoch: int) -> Path | None:
 # ---------------------------------------------------------------------------------------------------
 # The run itself (not an exercise)
 # ---------------------------------------------------------------------------------------------------
-MODELS = ("resnet18", "heads", "stochdepth")
-
-
 def build_model(name: str, width: int) -> nn.Module:
     if name == "resnet18":
         return resnet18_cifar(width=width)
@@ -197,30 +275,6 @@ def _forward_for(name: str):
     if name == "heads":  # a multi-task-like model: even steps use head 0, odd steps head 1
         return lambda model, images, step: model(images, head=step % 2)
     return None
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", choices=MODELS, default="resnet18")
-    p.add_argument("--width", type=int, default=64, help="channels of the first stage (64: the real ResNet-18)")
-    p.add_argument("--global-batch", type=int, default=256, help="images per optimizer step, over all ranks")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--max-steps", type=int, default=None, help="stop each epoch after this many steps")
-    p.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the timing")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--n-train", type=int, default=10000, help="generated data only: training images")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sync-bn", action="store_true")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--find-unused-parameters", action="store_true")
-    p.add_argument("--comm-view", action="store_true", help="record every gradient bucket's all-reduce")
-    p.add_argument("--checkpoint", default=None, help="file to save at the end (rank 0)")
-    p.add_argument("--runs", default=None,
-                   help='JSON list of runs, each a dict of overrides, e.g. [{"name": "1 MB", "bucket_cap_mb": 1}]: '
-                        "several configurations in one launch (the process start-up is paid once)")
-    return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace, ctx, device: torch.device, dataset, name: str = "run") -> dict:
@@ -272,6 +326,13 @@ def run(args: argparse.Namespace, ctx, device: torch.device, dataset, name: str 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    launch = dist_context()  # every run checked before any process group or data
+    try:
+        runs = expand_runs(args, args.runs)  # several configurations, one launch
+        for _, run_args in runs:
+            check_run(run_args, launch.world_size)
+    except ValueError as exc:
+        refuse(exc, launch.rank)
     ctx = init_distributed()  # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU
     device = rank_device(ctx)
     say = print if ctx.is_main else (lambda *a, **k: None)
@@ -285,7 +346,7 @@ def main(argv=None) -> None:
     if not ctx.is_main:
         dataset = data.cifar10("train", args.data_dir, data.train_transform(), n_train=args.n_train, verbose=False)
     try:
-        for name, run_args in expand_runs(args, args.runs):  # several configurations, one launch
+        for name, run_args in runs:
             run(run_args, ctx, device, dataset, name)
     finally:
         teardown()

@@ -24,6 +24,66 @@ In ``student/dp_scratch_train.py`` the parts marked TODO raise NotImplementedErr
 from __future__ import annotations
 
 import argparse
+
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def comma_list(item):
+    """``type=`` of an option holding a comma-separated list, each value parsed (and checked) by ``item``."""
+
+    def parse(text: str) -> list:
+        values = [item(v) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"give at least one value, got {text!r}")
+        return values
+
+    return parse
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="dp_scratch_train.py", description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=comma_list(at_least(1)), default=[512, 512, 512, 512],
+                   help="hidden widths of the MLP, e.g. 512,512")
+    p.add_argument("--image-size", type=at_least(1), default=32, help="random images of 3 x SIZE x SIZE (the MLP's input)")
+    p.add_argument("--per-rank-batch", type=at_least(1), default=32)
+    p.add_argument("--bucket-mb", type=comma_list(positive_number), default=[0.25, 1.0, 4.0, 25.0],
+                   help="bucket sizes to time (MiB)")
+    p.add_argument("--accum", type=at_least(1), default=4, help="micro-batches per step in the accumulation runs")
+    p.add_argument("--accum-bucket-mb", type=positive_number, default=1.0)
+    p.add_argument("--repeats", type=at_least(1), default=7)
+    p.add_argument("--warmup-max-calls", type=at_least(1), default=12, help="cap on the warm-up calls of each configuration")
+    p.add_argument("--gantt-steps", type=at_least(1), default=3, help="steps run with the event recorder (the last is kept)")
+    p.add_argument("--gantt-bucket-mb", type=positive_number, default=1.0)
+    p.add_argument("--drift-steps", type=at_least(1), default=3)
+    p.add_argument("--lr", type=positive_number, default=0.01)
+    return p
+
+
+def parse_args(argv=None, world_size: int | None = None) -> argparse.Namespace:
+    """The options; with ``world_size`` (the launch's), also refuse a launch of one process: data parallelism needs
+    several (rank 0 says it, in one line; every rank leaves with exit code 2)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if world_size is not None and world_size < 2:
+        parser.refuse(ValueError("this script compares data-parallel versions: run it on several processes "
+                                 "(torchrun --nproc_per_node 2 dp_scratch_train.py)"))
+    return args
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    parse_args(world_size=dist_context().world_size)
+
 import contextlib
 import itertools
 from collections.abc import Callable, Sequence
@@ -441,33 +501,12 @@ def candidates(args, ctx, device: torch.device) -> list[bench.Candidate]:
     return out
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    floats = lambda s: [float(v) for v in s.split(",") if v]  # noqa: E731
-    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=ints, default=[512, 512, 512, 512], help="hidden widths of the MLP, e.g. 512,512")
-    p.add_argument("--image-size", type=int, default=32, help="random images of 3 x SIZE x SIZE (the MLP's input)")
-    p.add_argument("--per-rank-batch", type=int, default=32)
-    p.add_argument("--bucket-mb", type=floats, default=[0.25, 1.0, 4.0, 25.0], help="bucket sizes to time (MiB)")
-    p.add_argument("--accum", type=int, default=4, help="micro-batches per step in the accumulation runs")
-    p.add_argument("--accum-bucket-mb", type=float, default=1.0)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--warmup-max-calls", type=int, default=12, help="cap on the warm-up calls of each configuration")
-    p.add_argument("--gantt-steps", type=int, default=3, help="steps run with the event recorder (the last is kept)")
-    p.add_argument("--gantt-bucket-mb", type=float, default=1.0)
-    p.add_argument("--drift-steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=0.01)
-    return p.parse_args(argv)
-
-
 def main(argv=None) -> None:
-    args = parse_args(argv)
+    args = parse_args(argv, world_size=dist_context().world_size)  # before any process group
     ctx = init_distributed()  # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU
     device = rank_device(ctx)
     say = print if ctx.is_main else (lambda *a, **k: None)
     try:
-        if not ctx.is_distributed:
-            raise SystemExit("run it on several processes: torchrun --nproc_per_node 2 dp_scratch_train.py")
         probe = make_model(args, 0, device)
         params = [p for p in probe.parameters()]
         say(f"{ctx.world_size} processes ({dist.get_backend()}), rank 0 on {device}; MLP {args.hidden}: "

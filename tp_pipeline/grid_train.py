@@ -21,6 +21,74 @@ Processes use gloo on the CPU, or NCCL with one GPU each on a GPU node (as the o
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
+
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+
+SCHEDULE_NAMES = ("afab", "1f1b", "interleaved")  # dlo.parallel.grid_step.SCHEDULES, without importing torch
+DTYPE_NAMES = ("float32", "bfloat16")
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="grid_train.py", description=__doc__.splitlines()[0])
+    p.add_argument("--dp", type=at_least(1), default=1)
+    p.add_argument("--pp", type=at_least(1), default=1)
+    p.add_argument("--tp", type=at_least(1), default=1)
+    p.add_argument("--schedules", nargs="+", default=["1f1b"], choices=SCHEDULE_NAMES)
+    p.add_argument("--micro-batches", type=at_least(1), default=4, help="per data-parallel replica")
+    p.add_argument("--virtual", type=at_least(1), default=2, help="chunks per pipeline rank for the interleaved schedule")
+    p.add_argument("--layers", type=at_least(1), default=4)
+    p.add_argument("--hidden", type=at_least(1), default=32)
+    p.add_argument("--heads", type=at_least(1), default=4)
+    p.add_argument("--kv-heads", type=at_least(1), default=4)
+    p.add_argument("--intermediate", type=at_least(1), default=96)
+    p.add_argument("--vocab", type=at_least(1), default=96)
+    p.add_argument("--seq", type=at_least(1), default=8)
+    p.add_argument("--batch", type=at_least(1), default=16, help="sequences per optimizer step, over the dp replicas")
+    p.add_argument("--steps", type=at_least(1), default=1, help="timed steps")
+    p.add_argument("--warmup-steps", type=at_least(0), default=0, help="untimed steps before them (the very first "
+                   "step is the one compared with one process and whose communication is recorded, timed or not)")
+    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
+    p.add_argument("--blocking", action="store_true", help="every batch of transfers is waited for, sends included "
+                   "(a send waits for its receiver, as NCCL's large messages do): a schedule that could hang on GPUs "
+                   "hangs here")
+    p.add_argument("--compare", action="store_true", help="compare the first step with one process (fp32)")
+    p.add_argument("--dump", action="store_true", help="record the full gradients and weights (tiny models only)")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.batch % (args.dp * args.micro_batches):
+        parser.refuse(ValueError(f"argument --batch: {args.batch} sequences do not split into --dp {args.dp} "
+                                 f"replicas x --micro-batches {args.micro_batches}"))
+    return args
+
+
+def refuse_layout(reason: str, rank: int) -> NoReturn:
+    """The one line saying why this launch's layout cannot run: every rank finds the same reason, rank 0 says it,
+    the others leave quietly (exit code 2 on all of them)."""
+    if rank:
+        raise SystemExit(2)
+    build_parser().refuse(ValueError(reason))
+
+
+def layout_mismatch(args, world_size: int) -> str | None:
+    if args.dp * args.pp * args.tp != world_size:
+        return (f"layout --dp {args.dp} x --pp {args.pp} x --tp {args.tp} = {args.dp * args.pp * args.tp} "
+                f"processes, but this launch has {world_size}")
+    return None
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    _launch = dist_context()  # torchrun's or srun's variables: no process group yet
+    if (_reason := layout_mismatch(parse_args(), _launch.world_size)) is not None:
+        refuse_layout(_reason, _launch.rank)
+
 import statistics
 import time
 
@@ -36,36 +104,7 @@ from dlo.parallel.grid_step import (SCHEDULES, GridPipe, build_grid_chunks, by_a
                                     grid_train_step, param_count, replica_batch, why_invalid)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--schedules", nargs="+", default=["1f1b"], choices=SCHEDULES)
-    p.add_argument("--micro-batches", type=int, default=4, help="per data-parallel replica")
-    p.add_argument("--virtual", type=int, default=2, help="chunks per pipeline rank for the interleaved schedule")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=32)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--intermediate", type=int, default=96)
-    p.add_argument("--vocab", type=int, default=96)
-    p.add_argument("--seq", type=int, default=8)
-    p.add_argument("--batch", type=int, default=16, help="sequences per optimizer step, over the dp replicas")
-    p.add_argument("--steps", type=int, default=1, help="timed steps")
-    p.add_argument("--warmup-steps", type=int, default=0, help="untimed steps before them (the very first step is "
-                   "the one compared with one process and whose communication is recorded, timed or not)")
-    p.add_argument("--lr", type=float, default=0.5, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
-    p.add_argument("--blocking", action="store_true", help="every batch of transfers is waited for, sends included "
-                   "(a send waits for its receiver, as NCCL's large messages do): a schedule that could hang on GPUs "
-                   "hangs here")
-    p.add_argument("--compare", action="store_true", help="compare the first step with one process (fp32)")
-    p.add_argument("--dump", action="store_true", help="record the full gradients and weights (tiny models only)")
-    return p.parse_args(argv)
+assert tuple(SCHEDULES) == SCHEDULE_NAMES and tuple(DTYPES) == DTYPE_NAMES
 
 
 def make_config(args) -> TransformerConfig:
@@ -171,15 +210,17 @@ def run_schedule(args, ctx, device, grid: Grid, groups: dict, schedule: str, ref
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    launch = dist_context()  # checked before any process group, model or data
+    cfg = make_config(args)
+    for schedule in args.schedules:
+        reason = why_invalid(cfg, world_size=launch.world_size, dp=args.dp, pp=args.pp, tp=args.tp, batch=args.batch,
+                             micro_batches=args.micro_batches, schedule=schedule, virtual=args.virtual)
+        if reason is not None:
+            refuse_layout(f"layout dp={args.dp} pp={args.pp} tp={args.tp} ({schedule}) cannot run: {reason}",
+                          launch.rank)
     ctx = init_distributed()
     device = _device()
     say = print if ctx.is_main else (lambda *a, **k: None)
-    cfg = make_config(args)
-    for schedule in args.schedules:
-        reason = why_invalid(cfg, world_size=ctx.world_size, dp=args.dp, pp=args.pp, tp=args.tp, batch=args.batch,
-                             micro_batches=args.micro_batches, schedule=schedule, virtual=args.virtual)
-        if reason is not None:
-            raise SystemExit(f"layout dp={args.dp} pp={args.pp} tp={args.tp} ({schedule}) cannot run: {reason}")
     grid = Grid(ctx.world_size, dp=args.dp, pp=args.pp, tp=args.tp)
     groups = grid.new_groups(ctx.rank, axes=("dp", "pp", "tp")) if ctx.is_distributed else {
         "dp": None, "pp": None, "tp": None}

@@ -28,6 +28,47 @@ NotImplementedError until you write them; ``dlo check pipeline <step>`` checks o
 from __future__ import annotations
 
 import argparse
+
+from dlo.runtime.arguments import ScriptParser, at_least
+
+#: The schedules a launch can ask for: ours (the exercises), then the same split run by libraries.
+OUR_SCHEDULES = ("naive", "afab", "1f1b", "interleaved")
+TORCH = ("torch_gpipe", "torch_1f1b")  # the same split run by torch.distributed.pipelining
+LIBRARIES = (*TORCH, "deepspeed")  # ... and by DeepSpeed's PipelineModule (its own 1F1B)
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="pipeline_train.py", description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=at_least(1), default=4)
+    p.add_argument("--hidden", type=at_least(1), default=64)
+    p.add_argument("--heads", type=at_least(1), default=4)
+    p.add_argument("--vocab", type=at_least(1), default=256)
+    p.add_argument("--seq", type=at_least(1), default=32)
+    p.add_argument("--batch", type=at_least(1), default=16, help="sequences per optimizer step (the whole pipeline)")
+    p.add_argument("--micro-batches", type=at_least(1), nargs="+", default=[8], help="m; naive always uses 1")
+    p.add_argument("--schedules", nargs="+", default=["naive", "afab", "1f1b"], choices=[*OUR_SCHEDULES, *LIBRARIES])
+    p.add_argument("--virtual", type=at_least(1), default=2, help="chunks per rank for the interleaved schedule")
+    p.add_argument("--split", choices=("layers", "params"), default="layers")
+    p.add_argument("--steps", type=at_least(1), default=5, help="timed steps per configuration")
+    p.add_argument("--warmup-steps", type=at_least(0), default=2, help="untimed steps first")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=at_least(0), default=0)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, checked together (a micro-batch count that does not divide the batch, or too few stages for a
+    schedule, is not refused here: that configuration is skipped with its reason, the others run)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.hidden % args.heads:
+        parser.refuse(ValueError(f"argument --heads: {args.heads} heads do not divide --hidden {args.hidden}"))
+    return args
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    parse_args()
+
 import importlib.util
 import statistics
 import time
@@ -164,27 +205,7 @@ def interleaved_step(pipe) -> None:
 # The run itself (not an exercise)
 # ---------------------------------------------------------------------------------------------------
 OURS = {"naive": naive_step, "afab": afab_step, "1f1b": one_f_one_b_step, "interleaved": interleaved_step}
-TORCH = ("torch_gpipe", "torch_1f1b")  # the same split run by torch.distributed.pipelining
-LIBRARIES = (*TORCH, "deepspeed")  # ... and by DeepSpeed's PipelineModule (its own 1F1B)
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=16, help="sequences per optimizer step (the whole pipeline)")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[8], help="m; naive always uses 1")
-    p.add_argument("--schedules", nargs="+", default=["naive", "afab", "1f1b"], choices=[*OURS, *LIBRARIES])
-    p.add_argument("--virtual", type=int, default=2, help="chunks per rank for the interleaved schedule")
-    p.add_argument("--split", choices=("layers", "params"), default="layers")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration")
-    p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+assert tuple(OURS) == OUR_SCHEDULES, "the parser's schedule names and the schedules defined here differ"
 
 
 def why_invalid(args, world_size: int, schedule: str, m: int) -> str | None:
