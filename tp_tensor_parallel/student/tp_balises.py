@@ -24,6 +24,98 @@ compare your traffic with theory.
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
+
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+
+
+def layout_arg(text: str) -> str:
+    """``type=`` of a TPxDP layout (``2x1``): two integers >= 1."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"a layout is TPxDP with two integers >= 1 (e.g. 2x1), got {text!r}")
+    return text
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="tp_balises.py", description=__doc__.splitlines()[0])
+    p.add_argument("--layouts", nargs="+", type=layout_arg, default=None,
+                   help="TPxDP layouts, e.g. 2x1 2x2 (default: <world>x1)")
+    p.add_argument("--impls", nargs="+", default=["scratch"], choices=["scratch", "dtensor"],
+                   help="from-scratch TP (this file) and/or DTensor's parallelize_module (dp = 1 only)")
+    p.add_argument("--vocab", type=at_least(1), default=512)
+    p.add_argument("--hidden", type=at_least(1), default=128)
+    p.add_argument("--intermediate", type=at_least(1), default=256)
+    p.add_argument("--layers", type=at_least(1), default=2)
+    p.add_argument("--heads", type=at_least(1), default=8)
+    p.add_argument("--kv-heads", type=at_least(1), default=4)
+    p.add_argument("--seq", type=at_least(1), default=64)
+    p.add_argument("--global-batch", type=at_least(1), default=8, help="sequences per optimizer step, over the DP replicas")
+    p.add_argument("--steps", type=at_least(1), default=8, help="training steps (the first --warmup untimed)")
+    p.add_argument("--warmup", type=at_least(0), default=2)
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--n-train", type=at_least(1), default=256, help="sequences of the (random-token) training set")
+    p.add_argument("--n-val", type=at_least(1), default=32)
+    p.add_argument("--gathered-loss", action="store_true", help="gather the logits and use F.cross_entropy")
+    p.add_argument("--compare", action="store_true", help="after one step, compare with the single-process model")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--sp", action="store_true", help="instead of training: one step of plain TP and of sequence "
+                   "parallelism with your balise 12 (every process in one TP group), counted and measured")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def check_args(args: argparse.Namespace, world_size: int) -> None:
+    """The options checked together and against the launch's process count, before any process group: a ValueError
+    in one line for the first that cannot run."""
+    if args.hidden % args.heads:
+        raise ValueError(f"argument --heads: {args.heads} heads do not divide --hidden {args.hidden}")
+    if args.heads % args.kv_heads:
+        raise ValueError(f"argument --kv-heads: {args.kv_heads} K/V heads do not divide --heads {args.heads}")
+    cuts = {"--heads": args.heads, "--kv-heads": args.kv_heads, "--intermediate": args.intermediate,
+            "--vocab": args.vocab}
+    if args.sp:  # every process in one TP group, the sequence cut in as many pieces
+        cuts["--seq"] = args.seq
+        layouts = [f"{world_size}x1"]
+    else:
+        layouts = args.layouts or [f"{world_size}x1"]
+    for layout in layouts:
+        tp, dp = (int(v) for v in layout.lower().split("x"))
+        if tp * dp != world_size:
+            raise ValueError(f"argument --layouts: {layout} needs tp x dp = {tp * dp} processes, this launch has "
+                             f"{world_size}")
+        for option, n in cuts.items():
+            if n % tp:
+                raise ValueError(f"argument {option}: tp={tp} (layout {layout}) does not divide {n}")
+        if args.global_batch % dp or args.n_val < dp:
+            raise ValueError(f"argument --global-batch: {args.global_batch} sequences (and --n-val {args.n_val}) "
+                             f"do not split over dp={dp} replicas (layout {layout})")
+
+
+def refuse(exc: ValueError, rank: int) -> NoReturn:
+    """The one line, written by rank 0 (every rank finds the same mistake; the others leave quietly, exit 2)."""
+    if rank:
+        raise SystemExit(2)
+    build_parser().refuse(exc)
+
+
+def checked_args(argv=None) -> argparse.Namespace:
+    """The options, refused in one line (by rank 0) when they cannot run on this launch's processes."""
+    args, launch = parse_args(argv), dist_context()  # torchrun's or srun's variables: no process group yet
+    try:
+        check_args(args, launch.world_size)
+    except ValueError as exc:
+        refuse(exc, launch.rank)
+    return args
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    checked_args()
+
 import copy
 import statistics
 import time
@@ -475,32 +567,6 @@ def full_tensors(model: nn.Module, group=None, *, grads: bool = False) -> dict[s
 # ===================================================================================================
 # main: train TP (x DP) models, measure, compare with one process; one record per layout
 # ===================================================================================================
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layouts", nargs="+", default=None, help="TPxDP layouts, e.g. 2x1 2x2 (default: <world>x1)")
-    p.add_argument("--impls", nargs="+", default=["scratch"], choices=["scratch", "dtensor"],
-                   help="from-scratch TP (this file) and/or DTensor's parallelize_module (dp = 1 only)")
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--intermediate", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--global-batch", type=int, default=8, help="sequences per optimizer step, over the DP replicas")
-    p.add_argument("--steps", type=int, default=8, help="training steps (the first --warmup untimed)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    p.add_argument("--n-train", type=int, default=256, help="sequences of the (random-token) training set")
-    p.add_argument("--n-val", type=int, default=32)
-    p.add_argument("--gathered-loss", action="store_true", help="gather the logits and use F.cross_entropy")
-    p.add_argument("--compare", action="store_true", help="after one step, compare with the single-process model")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--sp", action="store_true", help="instead of training: one step of plain TP and of sequence "
-                   "parallelism with your balise 12 (every process in one TP group), counted and measured")
-    return p.parse_args(argv)
-
-
 def _device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -673,7 +739,7 @@ def run_sp(args, device) -> dict:
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
+    args = checked_args(argv)
     ctx = init_distributed()
     device = _device()
     torch.manual_seed(0)

@@ -12,6 +12,73 @@ from __future__ import annotations
 
 import argparse
 
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+
+DTYPE_NAMES = ("float32", "float64")
+LAYOUTS = ("balanced", "contiguous")  # dlo.parallel.context's layouts: the sequence in 2·cp or cp chunks
+
+
+def _among(names: tuple[str, ...]):
+    """``type=`` of a comma-separated list of values among ``names``."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [v for v in values if v not in names]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} not among {', '.join(names)}")
+        return values
+
+    return parse
+
+
+def _head_pairs(text: str) -> list[tuple[int, int]]:
+    """``type=`` of ``--heads``: ``heads:kv_heads`` pairs, comma-separated, heads a multiple of kv_heads."""
+    pairs = []
+    for pair in text.split(","):
+        try:
+            heads, kv_heads = (int(x) for x in pair.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{pair!r} is not heads:kv_heads (e.g. 4:2)") from None
+        if heads < 1 or kv_heads < 1 or heads % kv_heads:
+            raise argparse.ArgumentTypeError(f"{pair!r}: num_heads={heads} must be a positive multiple of "
+                                             f"num_kv_heads={kv_heads} (>= 1)")
+        pairs.append((heads, kv_heads))
+    return pairs
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="context_worker.py", description=__doc__.splitlines()[0])
+    p.add_argument("--seq", type=at_least(1), default=48)
+    p.add_argument("--batch", type=at_least(1), default=2)
+    p.add_argument("--dim", type=at_least(1), default=16)
+    p.add_argument("--heads", type=_head_pairs, default="4:4,4:2,6:1", help="heads:kv_heads pairs, comma-separated")
+    p.add_argument("--layouts", type=_among(LAYOUTS), default="balanced,contiguous")
+    p.add_argument("--dtypes", type=_among(DTYPE_NAMES), default="float32")
+    p.add_argument("--causal", type=_among(("1", "0")), default="1,0", help="1 (causal), 0 (not), comma-separated")
+    p.add_argument("--torch-cp", action="store_true")
+    return p
+
+
+def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, and the sequence against the launch's ``cp`` processes (every layout cuts it in equal chunks),
+    refused in one line before any process group: rank 0 says it, the others leave quietly (exit code 2)."""
+    parser, launch = build_parser(), dist_context()  # torchrun's or srun's variables
+    args = parser.parse_args(argv)
+    cp = launch.world_size
+    for layout in args.layouts:
+        n = 2 * cp if layout == "balanced" else cp
+        if args.seq % n:
+            if launch.rank:
+                raise SystemExit(2)
+            parser.refuse(ValueError(f"argument --seq: sequence length {args.seq} must be a multiple of {n} to be "
+                                     f"split into {n} equal chunks over cp={cp} ranks ({layout} layout)"))
+    return args
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    checked_args()
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -20,6 +87,7 @@ from dlo.parallel.context import repeat_kv, ring_attention, shard
 from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+assert tuple(DTYPES) == DTYPE_NAMES
 
 
 def inputs(batch: int, heads: int, kv_heads: int, seq: int, dim: int, dtype: torch.dtype, seed: int,
@@ -94,16 +162,7 @@ def torch_context_parallel(cp: int, rank: int, seq: int, device: torch.device | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seq", type=int, default=48)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--heads", default="4:4,4:2,6:1", help="heads:kv_heads pairs, comma-separated")
-    p.add_argument("--layouts", default="balanced,contiguous")
-    p.add_argument("--dtypes", default="float32")
-    p.add_argument("--causal", default="1,0")
-    p.add_argument("--torch-cp", action="store_true")
-    args = p.parse_args(argv)
+    args = checked_args(argv)
     torch.set_num_threads(1)
     dist.batch_isend_irecv = _logging_batch_isend_irecv(dist.batch_isend_irecv)  # what is posted together
     # one GPU per process with NCCL on a GPU node (the semantics the ring is written for), gloo on CPUs elsewhere
@@ -111,14 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     device = pick_device()
     try:
         cp, rank = dist.get_world_size(), dist.get_rank()
-        for layout in args.layouts.split(","):
-            for causal in (c == "1" for c in args.causal.split(",")):
-                for pair in args.heads.split(","):
-                    heads, kv_heads = (int(x) for x in pair.split(":"))
-                    for dtype in args.dtypes.split(","):
+        for layout in args.layouts:
+            for causal in (c == "1" for c in args.causal):
+                for heads, kv_heads in args.heads:
+                    for dtype in args.dtypes:
                         write_record(compare(cp, rank, batch=args.batch, heads=heads, kv_heads=kv_heads,
                                              seq=args.seq, dim=args.dim, causal=causal, layout=layout,
-                                             dtype=DTYPES[dtype], seed=len(pair) + args.seq, device=device))
+                                             dtype=DTYPES[dtype], seed=len(f"{heads}:{kv_heads}") + args.seq,
+                                             device=device))
         if args.torch_cp:
             write_record(torch_context_parallel(cp, rank, args.seq, device))
         dist.barrier()

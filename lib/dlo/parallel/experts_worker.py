@@ -19,6 +19,95 @@ from __future__ import annotations
 
 import argparse
 
+from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.context import dist_context
+
+DTYPE_NAMES = ("float32", "float64")
+
+
+def _parse(config: str) -> tuple[int, int, float | None, list[int] | None, int | None]:
+    """``E:k:capacity_factor[:batches[:starve]]`` (see the module docstring); a ValueError in one line if it is not
+    one."""
+    try:
+        e, k, cf, *rest = config.split(":")
+        batches = [int(b) for b in rest[0].split("/")] if rest and rest[0] not in ("", "-") else None
+        starve = int(rest[1]) if len(rest) > 1 and rest[1] not in ("", "-") else None
+        parsed = int(e), int(k), None if cf == "none" else float(cf), batches, starve
+    except ValueError:
+        raise ValueError(f"{config!r} is not E:k:capacity_factor[:batches[:starve]] (e.g. 4:2:1.0 or 4:2:none:3/0:1)"
+                         ) from None
+    experts, top_k, capacity_factor, batches, starve = parsed
+    if experts < 1 or not 1 <= top_k <= experts or len(rest) > 2:
+        raise ValueError(f"{config!r}: needs E >= 1 experts and 1 <= k <= E (at most 5 fields)")
+    if capacity_factor is not None and not capacity_factor > 0:
+        raise ValueError(f"{config!r}: the capacity factor must be > 0 or none")
+    if batches is not None and (min(batches) < 0 or sum(batches) == 0):
+        raise ValueError(f"{config!r}: the sequences of each rank are integers >= 0, not all 0")
+    return parsed
+
+
+def _configs(text: str) -> list[tuple[int, int, float | None, list[int] | None, int | None]]:
+    """``type=`` of ``--configs``: the comma-separated configurations, each parsed and checked."""
+    try:
+        return [_parse(c) for c in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dtypes(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = [n for n in names if n not in DTYPE_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(map(repr, unknown))}: use {', '.join(DTYPE_NAMES)}")
+    return names
+
+
+def build_parser() -> ScriptParser:
+    p = ScriptParser(prog="experts_worker.py", description=__doc__.splitlines()[0])
+    p.add_argument("--ep", type=at_least(1), default=None, help="expert-parallel group size; default: the world size")
+    p.add_argument("--configs", type=_configs, default="4:2:none,4:1:1.0,4:2:0.75",
+                   help="E:k:capacity_factor[:batches[:starve]], comma-separated")
+    p.add_argument("--dtypes", type=_dtypes, default="float32", help=f"comma-separated, among {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--hidden", type=at_least(1), default=16)
+    p.add_argument("--inter", type=at_least(1), default=24)
+    p.add_argument("--batch-per-rank", type=at_least(1), default=3)
+    p.add_argument("--seq", type=at_least(1), default=8)
+    p.add_argument("--llama", action="store_true")
+    return p
+
+
+def check_args(args: argparse.Namespace, world_size: int) -> None:
+    """The options against the launch's process count, before any process group: a ValueError in one line."""
+    ep = args.ep or world_size
+    if world_size % ep:
+        raise ValueError(f"argument --ep: ep={ep} must divide the world size {world_size}")
+    for experts, _, _, batches, starve in args.configs:
+        if experts % ep:
+            raise ValueError(f"argument --configs: {experts} experts cannot be split evenly over ep={ep} ranks")
+        if batches is not None and len(batches) != ep:
+            raise ValueError(f"argument --configs: batches {'/'.join(map(str, batches))} must give one size per "
+                             f"rank of the group ({ep})")
+        if starve is not None and not 0 <= starve < ep:
+            raise ValueError(f"argument --configs: starve={starve} is not a rank of the group (0..{ep - 1})")
+
+
+def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, refused in one line when they cannot run on this launch: every rank finds the same mistake,
+    rank 0 says it, the others leave quietly (exit code 2 on all)."""
+    parser, launch = build_parser(), dist_context()  # torchrun's or srun's variables: no process group yet
+    args = parser.parse_args(argv)
+    try:
+        check_args(args, launch.world_size)
+    except ValueError as exc:
+        if launch.rank:
+            raise SystemExit(2) from None
+        parser.refuse(exc)
+    return args
+
+
+if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
+    checked_args()
+
 import torch
 import torch.distributed as dist
 
@@ -29,6 +118,7 @@ from dlo.parallel.experts import (ExpertParallelMoE, MoEFeedForward, experts_of,
 from dlo.runtime import init_distributed, pick_device, teardown, write_record
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+assert tuple(DTYPES) == DTYPE_NAMES
 PHASE = ["forward"]
 CALLS: list[dict] = []  # every all_to_all_single of this rank: phase, dtype, rows sent to each rank, bytes
 
@@ -47,14 +137,6 @@ def _logging_all_to_all_single(real):
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
-
-
-def _parse(config: str) -> tuple[int, int, float | None, list[int] | None, int | None]:
-    """``E:k:capacity_factor[:batches[:starve]]`` (see the module docstring)."""
-    e, k, cf, *rest = config.split(":")
-    batches = [int(b) for b in rest[0].split("/")] if rest and rest[0] not in ("", "-") else None
-    starve = int(rest[1]) if len(rest) > 1 and rest[1] not in ("", "-") else None
-    return int(e), int(k), None if cf == "none" else float(cf), batches, starve
 
 
 def compare(group, ep: int, rank: int, replica: int, *, experts: int, top_k: int, capacity_factor: float | None,
@@ -140,16 +222,7 @@ def llama_case(group, ep: int, rank: int, replica: int, seed: int, device: torch
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ep", type=int, default=None, help="expert-parallel group size; default: the world size")
-    p.add_argument("--configs", default="4:2:none,4:1:1.0,4:2:0.75", help="E:k:capacity_factor, comma-separated")
-    p.add_argument("--dtypes", default="float32")
-    p.add_argument("--hidden", type=int, default=16)
-    p.add_argument("--inter", type=int, default=24)
-    p.add_argument("--batch-per-rank", type=int, default=3)
-    p.add_argument("--seq", type=int, default=8)
-    p.add_argument("--llama", action="store_true")
-    args = p.parse_args(argv)
+    args = checked_args(argv)
     torch.set_num_threads(1)
     dist.all_to_all_single = _logging_all_to_all_single(dist.all_to_all_single)
     # one GPU per process with NCCL on a GPU node, gloo on CPU processes elsewhere
@@ -158,14 +231,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         world, me = dist.get_world_size(), dist.get_rank()
         ep = args.ep or world
-        if world % ep:
-            raise ValueError(f"ep={ep} must divide the world size {world}")
         groups = [dist.new_group(list(range(s, s + ep))) for s in range(0, world, ep)]  # every rank makes each
         group = groups[me // ep] if ep < world else None
         replica, rank = me // ep, me % ep
-        for config in args.configs.split(","):
-            experts, top_k, cf, batches, starve = _parse(config)
-            for dtype in args.dtypes.split(","):
+        for experts, top_k, cf, batches, starve in args.configs:
+            for dtype in args.dtypes:
                 write_record(compare(group, ep, rank, replica, experts=experts, top_k=top_k, capacity_factor=cf,
                                      hidden=args.hidden, inter=args.inter, batch=args.batch_per_rank * ep,
                                      seq=args.seq, dtype=DTYPES[dtype], seed=experts * 10 + top_k,
