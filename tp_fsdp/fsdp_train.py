@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import shutil
 import tempfile
 from pathlib import Path
@@ -261,6 +262,27 @@ def normalise(args) -> argparse.Namespace:
     return args
 
 
+def why_skipped(args) -> str | None:
+    """Why this run cannot start in this Python, in one line (None: it can). A GPU node may have torch without
+    DeepSpeed: its ZeRO runs are then left out of the launch instead of failing it."""
+    if args.strategy.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
+        return ("DeepSpeed is not installed in this Python (a GPU node may not have it: pip install deepspeed==0.19.8)"
+                ": this run is left out")
+    return None
+
+
+def plan(args) -> tuple[list[tuple[str, argparse.Namespace]], list[dict]]:
+    """The runs of this launch that can start, in order, and one record per run left out, with its reason."""
+    runs, skipped = [], []
+    for name, run_args in expand_runs(args, args.runs):
+        reason = why_skipped(run_args)
+        if reason is None:
+            runs.append((name, run_args))
+        else:
+            skipped.append({"run": name, "strategy": run_args.strategy, "status": "skipped", "skipped": reason})
+    return runs, skipped
+
+
 def step_options(args) -> dict:
     """The keyword arguments of ``ref.train_step`` that the levers set."""
     return {"grad_accum": args.grad_accum, "accum_sync": args.accum_sync,
@@ -480,7 +502,12 @@ def main(argv=None) -> None:
             raise ValueError(f"the tokenizer has {vocab} tokens, more than the model's {cfg.vocab_size}")
         say(f"{ctx.world_size} process(es) on {device}; {cfg.name}: {count_parameters(cfg)['total']:,} parameters; "
             f"data: {dataset.description}")
-        for name, run_args in expand_runs(args, args.runs):  # several configurations, one launch
+        runs, skipped = plan(args)
+        for rec in skipped:  # one line each (rank 0), and one record, which the notebook reads as "not run"
+            say(f"[{rec['run']}] skipped: {rec['skipped']}")
+            if ctx.is_main:
+                write_record(rec)
+        for name, run_args in runs:  # several configurations, one launch
             run(run_args, ctx, device, dataset, name)
     finally:
         teardown()

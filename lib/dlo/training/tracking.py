@@ -10,6 +10,10 @@ A run that nobody can find again is a run wasted. With ``TrainConfig(tracking_di
 - ``mlruns/``: an MLflow *file store* (no server: tracking URI ``file://<tracking_dir>/mlruns``) with the
   same parameters and metrics. :func:`runs_table` reads it back as a pandas DataFrame, one row per run;
   :func:`metric_history` gives one metric's curve. ``mlflow ui --backend-store-uri file://...`` shows it.
+- where MLflow is not installed (a GPU node may have torch, pandas and TensorBoard only), ``jsonruns/`` instead:
+  one JSON-lines file per run with the same parameters and metrics, which :func:`runs_table` and
+  :func:`metric_history` read back the same way. Tracking never stops a run for want of MLflow: the first run
+  says so in one line (:func:`describe`).
 
 Only the main process (rank 0) of a distributed run tracks. The folder must be writable: it is checked
 before training starts (one-line error otherwise). Keep it under ``runs/`` (ignored by git).
@@ -17,6 +21,8 @@ before training starts (one-line error otherwise). Keep it under ``runs/`` (igno
 from __future__ import annotations
 
 import contextlib
+import importlib.util
+import json
 import math
 import os
 import re
@@ -28,6 +34,37 @@ from typing import Any, Iterable
 from dlo.runtime.paths import probe_writable
 
 EXPERIMENT = "dlo"
+#: MLflow as requirements.txt pins it (the install hint where it is missing)
+MLFLOW_PIN = "mlflow-skinny==3.17.2"
+#: The folder, under a tracking folder, of the runs tracked without MLflow (one ``<run id>.jsonl`` each)
+JSON_STORE = "jsonruns"
+
+
+def mlflow_missing() -> str | None:
+    """One line saying that MLflow is not installed (and how to install it); None when it is."""
+    if importlib.util.find_spec("mlflow") is not None:
+        return None
+    return f"MLflow is not installed in this Python (a GPU node may not have it: pip install {MLFLOW_PIN})"
+
+
+def describe(tracking_dir: str | os.PathLike) -> str:
+    """One line: where the runs tracked under ``tracking_dir`` go in this Python."""
+    path = Path(tracking_dir).expanduser().resolve()
+    missing = mlflow_missing()
+    if missing is None:
+        return f"tracking: TensorBoard and an MLflow file store under {path}"
+    return f"tracking: {missing}; the runs go to TensorBoard and to JSON records in {path / JSON_STORE} instead"
+
+
+_announced: set[Path] = set()
+
+
+def announce(tracking_dir: str | os.PathLike) -> None:
+    """Print :func:`describe`'s line, once per folder and process."""
+    path = Path(tracking_dir).expanduser().resolve()
+    if path not in _announced:
+        _announced.add(path)
+        print(describe(path), flush=True)
 
 
 def check_writable(tracking_dir: str | os.PathLike) -> Path:
@@ -86,12 +123,67 @@ def flatten_params(params: dict[str, Any]) -> dict[str, str | int | float | bool
     return {str(k): _param_value(v) for k, v in params.items()}
 
 
+class _MlflowRun:
+    """One run in the MLflow file store under a tracking folder."""
+
+    kind = "mlflow"
+
+    def __init__(self, folder: Path, name: str, params: dict[str, Any], experiment: str) -> None:
+        from mlflow.entities import Param
+
+        with _file_store_allowed():
+            client = _client(folder)
+            exp = client.get_experiment_by_name(experiment)
+            exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+            run = client.create_run(exp_id, run_name=name)
+            self.client, self.run_id = client, run.info.run_id
+            items = list(params.items())
+            for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+                client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in items[i:i + 100]])
+
+    def log(self, metrics: dict[str, float], step: int, when_ms: int) -> None:
+        from mlflow.entities import Metric
+
+        with _file_store_allowed():
+            self.client.log_batch(self.run_id, metrics=[Metric(k, v, when_ms, int(step)) for k, v in metrics.items()])
+
+    def terminate(self, status: str) -> None:
+        with _file_store_allowed():
+            self.client.set_terminated(self.run_id, status)
+
+
+class _JsonRun:
+    """One run as a JSON-lines file, ``<folder>/jsonruns/<run id>.jsonl``, where MLflow is not installed: a first
+    line with the run's name, experiment, start time and parameters (as strings, as MLflow keeps them), one line
+    per :meth:`log` call, a last line with the status. Appended as it goes: a killed run keeps what it logged."""
+
+    kind = "json"
+
+    def __init__(self, folder: Path, name: str, params: dict[str, Any], experiment: str) -> None:
+        self.run_id = uuid.uuid4().hex
+        self.path = folder / JSON_STORE / f"{self.run_id}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._append({"run_id": self.run_id, "run_name": name, "experiment": experiment, "start_ns": time.time_ns(),
+                      "params": {k: str(v)[:6000] for k, v in params.items()}})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    def log(self, metrics: dict[str, float], step: int, when_ms: int) -> None:
+        self._append({"step": int(step), "time_ms": when_ms, "metrics": metrics})
+
+    def terminate(self, status: str) -> None:
+        self._append({"status": status})
+
+
 class Tracker:
-    """Writes one run to TensorBoard and MLflow. Use as a context manager, or call :meth:`close`.
+    """Writes one run to TensorBoard and MLflow (or, where MLflow is not installed, to TensorBoard and a JSON-lines
+    file: :class:`_JsonRun`). Use as a context manager, or call :meth:`close`.
 
     ``params``: the hyper-parameters (e.g. ``dataclasses.asdict(TrainConfig)`` plus what the caller adds).
     :meth:`log` takes a dict of metrics at a step; :meth:`close` writes the hparams summary with the final
-    metrics and marks the MLflow run FINISHED (or KILLED when ``status="KILLED"``, e.g. stopped by a signal).
+    metrics and marks the run FINISHED (or KILLED when ``status="KILLED"``, e.g. stopped by a signal).
     """
 
     def __init__(self, tracking_dir: str | os.PathLike, params: dict[str, Any], run_name: str | None = None,
@@ -110,34 +202,26 @@ class Tracker:
         tb_dir = self.dir / "tensorboard" / f"{name}-{uuid.uuid4().hex[:6]}"
         self.writer = SummaryWriter(log_dir=str(tb_dir))
         self.tensorboard_dir = tb_dir
-        from mlflow.entities import Param
-
-        with _file_store_allowed():
-            client = _client(self.dir)
-            exp = client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-            run = client.create_run(exp_id, run_name=name)
-            self.client, self.run_id = client, run.info.run_id
-            items = list(self.params.items())
-            for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-                client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in items[i:i + 100]])
+        if mlflow_missing() is None:
+            self.store: _MlflowRun | _JsonRun = _MlflowRun(self.dir, name, self.params, experiment)
+        else:
+            announce(self.dir)
+            self.store = _JsonRun(self.dir, name, self.params, experiment)
+        self.backend, self.run_id = self.store.kind, self.store.run_id
         self.closed = False
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        """Log scalar ``metrics`` at ``step`` (names like ``train/loss``; ``/`` is kept in both stores)."""
-        from mlflow.entities import Metric
-
+        """Log scalar ``metrics`` at ``step`` (names like ``train/loss``; ``/`` is kept in every store)."""
         now = int(time.time() * 1000)
-        batch = []
+        finite = {}
         for key, value in metrics.items():
             value = float(value)
             self.writer.add_scalar(key, value, step)
             if math.isfinite(value):
-                batch.append(Metric(key, value, now, int(step)))
+                finite[key] = value
             self.final[key] = value
-        if batch:
-            with _file_store_allowed():
-                self.client.log_batch(self.run_id, metrics=batch)
+        if finite:
+            self.store.log(finite, step, now)
 
     def close(self, status: str = "FINISHED", extra_final: dict[str, float] | None = None) -> None:
         if self.closed:
@@ -150,8 +234,7 @@ class Tracker:
         metric_dict = {f"hparam/{k}": v for k, v in final.items() if math.isfinite(v)}
         self.writer.add_hparams(self.params, metric_dict, run_name=".")
         self.writer.close()
-        with _file_store_allowed():
-            self.client.set_terminated(self.run_id, status)
+        self.store.terminate(status)
 
     def __enter__(self) -> "Tracker":
         return self
@@ -160,11 +243,36 @@ class Tracker:
         self.close("FAILED" if exc_type is not None else "FINISHED")
 
 
+def store_of(tracking_dir: str | os.PathLike) -> str:
+    """Which store :func:`runs_table` reads under ``tracking_dir`` in this Python: ``"mlflow"`` (its MLflow store,
+    MLflow installed) or ``"json"`` (the runs tracked without MLflow). Neither there: one-line FileNotFoundError."""
+    path = Path(tracking_dir).expanduser()
+    mlflow_store = (path / "mlruns").is_dir()
+    if mlflow_store and mlflow_missing() is None:
+        return "mlflow"
+    if (path / JSON_STORE).is_dir():
+        return "json"
+    if mlflow_store:
+        raise FileNotFoundError(f"the runs under {path} were tracked with MLflow, and {mlflow_missing()}")
+    raise FileNotFoundError(f"no tracking store at {path} (neither mlruns/ nor {JSON_STORE}/): train with "
+                            f"TrainConfig(tracking_dir={str(path)!r}) first")
+
+
+def viewing_line(tracking_dir: str | os.PathLike) -> str:
+    """One line: what :func:`runs_table` reads under ``tracking_dir`` here, and how to browse the same runs."""
+    path = Path(tracking_dir).expanduser().resolve()
+    uri, board = mlflow_uri(path), f"`tensorboard --logdir {path / 'tensorboard'}`"
+    if store_of(path) == "mlflow":
+        return (f"Read from the MLflow store {uri}: `mlflow ui --backend-store-uri {uri}` shows the same runs in a "
+                f"browser (parameters side by side, each metric's curve); {board} shows the curves too.")
+    return (f"{mlflow_missing()}: read from the JSON records in {path / JSON_STORE}, which hold the same parameters and "
+            f"metrics. With MLflow installed, the runs also go to an MLflow store, and `mlflow ui --backend-store-uri "
+            f"{uri}` shows them in a browser (parameters side by side, each metric's curve); {board} shows the curves "
+            f"now.")
+
+
 def _runs(tracking_dir: str | os.PathLike, experiment: str):
     path = Path(tracking_dir).expanduser()
-    if not (path / "mlruns").is_dir():
-        raise FileNotFoundError(f"no MLflow store at {path / 'mlruns'}: train with TrainConfig(tracking_dir="
-                                f"{str(path)!r}) first")
     with _file_store_allowed():
         client = _client(path)
         exp = client.get_experiment_by_name(experiment)
@@ -180,25 +288,58 @@ def _runs(tracking_dir: str | os.PathLike, experiment: str):
                 return client, runs
 
 
+def _json_runs(tracking_dir: str | os.PathLike, experiment: str) -> list[dict[str, Any]]:
+    """The runs of :class:`_JsonRun` files, oldest first: ``run_id``, ``run_name``, ``status`` (RUNNING until closed),
+    ``params`` and ``history`` (metric -> [(step, time_ms, value)], in logging order)."""
+    runs = []
+    for path in sorted((Path(tracking_dir).expanduser() / JSON_STORE).glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not lines or lines[0].get("experiment") != experiment:
+            continue
+        head, history, status = lines[0], {}, "RUNNING"
+        for entry in lines[1:]:
+            status = entry.get("status", status)
+            for key, value in entry.get("metrics", {}).items():
+                history.setdefault(key, []).append((entry["step"], entry["time_ms"], value))
+        runs.append({"run_id": head["run_id"], "run_name": head["run_name"], "start_ns": head["start_ns"],
+                     "status": status, "params": head["params"], "history": history})
+    return sorted(runs, key=lambda r: (r["start_ns"], r["run_id"]))
+
+
+def _latest(points: list[tuple[int, int, float]]) -> float:
+    """A metric's value as MLflow reports it for a run: the one at the largest step (then the latest time)."""
+    return max(points, key=lambda p: (p[0], p[1], p[2]))[2]
+
+
+def _run_rows(tracking_dir: str | os.PathLike, experiment: str) -> list[dict[str, Any]]:
+    """Each run, oldest first, in one form whatever the store: run_id, run_name, status, params, metrics (final)."""
+    if store_of(tracking_dir) == "json":
+        return [{**r, "metrics": {k: _latest(v) for k, v in r["history"].items()}}
+                for r in _json_runs(tracking_dir, experiment)]
+    _, runs = _runs(tracking_dir, experiment)
+    return [{"run_id": r.info.run_id, "run_name": r.info.run_name, "status": r.info.status, "params": r.data.params,
+             "metrics": r.data.metrics} for r in runs]
+
+
 def runs_table(tracking_dir: str | os.PathLike, params: Iterable[str] | None = None,
                experiment: str = EXPERIMENT):
     """A pandas DataFrame with one row per tracked run (oldest first): ``run_name``, ``status``,
     ``run_id``, the parameters (all, or only those named in ``params``) and the final value of every metric.
+    Read from the MLflow store, or where MLflow is not installed from the JSON records (:func:`store_of`).
 
     Parameter values come back as strings (MLflow stores them so); numbers are converted back where they
     parse as numbers."""
     import pandas as pd
 
-    _, runs = _runs(tracking_dir, experiment)
     rows = []
     wanted = None if params is None else list(params)
-    for run in runs:
-        row: dict[str, Any] = {"run_name": run.info.run_name, "status": run.info.status}
-        ps = run.data.params
+    for run in _run_rows(tracking_dir, experiment):
+        row: dict[str, Any] = {"run_name": run["run_name"], "status": run["status"]}
+        ps = run["params"]
         for k in (wanted if wanted is not None else sorted(ps)):
             row[k] = _parse(ps.get(k))
-        row.update(sorted(run.data.metrics.items()))
-        row["run_id"] = run.info.run_id
+        row.update(sorted(run["metrics"].items()))
+        row["run_id"] = run["run_id"]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -207,13 +348,19 @@ def metric_history(tracking_dir: str | os.PathLike, key: str, experiment: str = 
     """A long DataFrame (``run_name``, ``step``, ``value``) of metric ``key`` for every tracked run."""
     import pandas as pd
 
-    client, runs = _runs(tracking_dir, experiment)
     rows = []
-    for run in runs:
-        with _file_store_allowed():
-            history = client.get_metric_history(run.info.run_id, key)
-        for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
-            rows.append({"run_name": run.info.run_name, "run_id": run.info.run_id, "step": m.step, "value": m.value})
+    if store_of(tracking_dir) == "json":
+        for run in _json_runs(tracking_dir, experiment):
+            for step, _, value in sorted(run["history"].get(key, []), key=lambda p: (p[0], p[1])):
+                rows.append({"run_name": run["run_name"], "run_id": run["run_id"], "step": step, "value": value})
+    else:
+        client, runs = _runs(tracking_dir, experiment)
+        for run in runs:
+            with _file_store_allowed():
+                history = client.get_metric_history(run.info.run_id, key)
+            for m in sorted(history, key=lambda m: (m.step, m.timestamp)):
+                rows.append({"run_name": run.info.run_name, "run_id": run.info.run_id, "step": m.step,
+                             "value": m.value})
     return pd.DataFrame(rows, columns=["run_name", "run_id", "step", "value"])
 
 
