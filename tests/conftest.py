@@ -93,6 +93,34 @@ def bare_node_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# ---------------------------------------------------------------- one file at a time, the heavy ones together
+#: Test files that start servers with a fixed start-up window: Ray's raylet (its agents must report within ~15 s),
+#: torchrun's rendezvous, ``accelerate launch``. Two of them at once on a busy 2-core machine starve each other past
+#: those windows. Under ``--dist loadfile`` (`make test`'s unit stage) these files are one scope, which one xdist
+#: worker runs one test after another; every other file stays a scope of its own. (xdist's ``loadgroup`` would do
+#: it with marks, but its group suffix is lost under pytest 9, whose node ids no longer come from ``_nodeid``.)
+HEAVY_FILES = frozenset({"test_hpo_ray.py", "test_launcher.py", "test_launch_safety.py", "test_jour2.py",
+                         "test_apis.py"})
+
+
+def xdist_scope_of(file_scope: str) -> str:
+    """The scope of a test file under ``--dist loadfile``: "heavy" for :data:`HEAVY_FILES`, else the file."""
+    return "heavy" if Path(file_scope).name in HEAVY_FILES else file_scope
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class HeavyFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope_of(super()._split_scope(nodeid))
+
+    return HeavyFilesTogether(config, log)
+
+
 # ---------------------------------------------------------------- the wrong-answer corpus's rejection rate
 # test_wrong_answers.py records, per answer, whether its checker rejected it (``record_property``). The
 # properties travel with the test reports, from every xdist worker to the process that prints the summary.

@@ -38,6 +38,16 @@ def test_make_test_runs_every_stage_and_rehearses_the_full_profiles():
     assert "tests/test_wrong_answers.py" in rehearsals
     assert "--nbval-lax" in nbval and "source_notebooks()" in nbval
     assert "tests/test_conclusions.py" in conclusions
+    assert "--dist loadfile" in unit  # tests/conftest.py keeps a file per scope, the heavy ones in one
+
+
+def test_the_heavy_files_exist_and_share_one_scope():
+    from conftest import HEAVY_FILES, xdist_scope_of
+
+    for name in HEAVY_FILES:
+        assert (ROOT / "tests" / name).is_file(), f"{name} is gone: update HEAVY_FILES in tests/conftest.py"
+        assert xdist_scope_of(f"tests/{name}") == "heavy"
+    assert xdist_scope_of("tests/test_layers.py") == "tests/test_layers.py"
 
 
 @pytest.mark.parametrize("workers", ["1", "2", "3", "64"])
