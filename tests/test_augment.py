@@ -604,4 +604,4 @@ def test_command_line_writes_json(tmp_path):
 
 def test_command_line_errors_are_one_line(capsys):
     assert mixing.main(["--device", "cpu", "--batch-size", "0"]) == 2
-    assert capsys.readouterr().err.startswith("error: --batch-size must be a positive integer")
+    assert "error: argument --batch-size: must be >= 1, got 0" in capsys.readouterr().err

@@ -393,7 +393,7 @@ def test_command_line(tmp_path, capsys):
     assert math.isfinite(saved["median_time_to_target_s"])
     assert race.main([*args, "--target", "94"]) == 2  # the same entry point, in-process (no second start-up)
     err = capsys.readouterr().err
-    assert err.startswith("error: target accuracy must be in (0, 1]") and len(err.strip().splitlines()) == 1
+    assert "error: argument --target: target accuracy must be in (0, 1]" in err and len(err.strip().splitlines()) == 1
     assert race.main([*args, "--set", "widht=2"]) == 2
     assert "unknown Recipe field(s) widht" in capsys.readouterr().err
     val = tmp_path / "val.json"

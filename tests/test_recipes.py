@@ -333,15 +333,6 @@ def test_cli_with_the_recipe_flags(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, word", [(["--batch-schedule", "0-8"], "EPOCH:VALUE"), (["--tta"], "--eval")])
 def test_cli_recipe_errors(args, word, capsys):
-    with pytest.raises(SystemExit) if word == "EPOCH:VALUE" else _nothing():
-        rc = training_cli.main(["--generated", "--n-train", "16", "--steps", "1", "--no-progress", *args])
-        assert rc == 2
+    rc = training_cli.main(["--generated", "--n-train", "16", "--steps", "1", "--no-progress", *args])
+    assert rc == 2  # a bad option, as a refused combination: one line and exit code 2
     assert word in capsys.readouterr().err
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

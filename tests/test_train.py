@@ -763,7 +763,7 @@ def test_cli_errors_in_process(args, word, capsys):
     assert training_cli.main([*args, "--no-progress"]) == 2
     captured = capsys.readouterr()
     line = one_line(captured.err)
-    assert line.startswith("error: ") and word in line
+    assert "error: " in line and word in line
 
 
 def test_cli_resume_with_missing_checkpoint(tmp_path, capsys):
@@ -798,7 +798,7 @@ def test_cli_bad_numbers_are_refused_before_anything_runs(args, words, tmp_path,
     args = [str(tmp_path / "ck.pt") if a == "CK" else a for a in args]
     assert training_cli.main([*CLI_TINY, *args]) == 2
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("error: ") and all(w in line for w in words), line
+    assert "error: " in line and all(w in line for w in words), line
     assert nothing_runs == []
 
 

@@ -20,21 +20,11 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.arguments import ScriptParser, at_least, positive_number
 from dlo.runtime.context import dist_context
 from dlo.runtime.validate import check_batch_divisible
 
 MODELS = ("resnet18", "heads", "stochdepth")
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def build_parser() -> ScriptParser:
@@ -45,13 +35,13 @@ def build_parser() -> ScriptParser:
     p.add_argument("--epochs", type=at_least(1), default=1)
     p.add_argument("--max-steps", type=at_least(1), default=None, help="stop each epoch after this many steps")
     p.add_argument("--warmup-steps", type=at_least(0), default=2, help="first steps left out of the timing")
-    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--lr", type=positive_number, default=0.1)
     p.add_argument("--n-train", type=at_least(1), default=10000, help="generated data only: training images")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--workers", type=at_least(0), default=0, help="DataLoader workers per rank")
     p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--sync-bn", action="store_true")
-    p.add_argument("--bucket-cap-mb", type=positive_float, default=25.0)
+    p.add_argument("--bucket-cap-mb", type=positive_number, default=25.0)
     p.add_argument("--find-unused-parameters", action="store_true")
     p.add_argument("--comm-view", action="store_true", help="record every gradient bucket's all-reduce")
     p.add_argument("--checkpoint", default=None, help="file to save at the end (rank 0)")

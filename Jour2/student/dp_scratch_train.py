@@ -27,18 +27,8 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least
+from dlo.runtime.arguments import ScriptParser, at_least, positive_number
 from dlo.runtime.context import dist_context
-
-
-def positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def comma_list(item):

@@ -2,7 +2,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any, Sequence
 
@@ -11,6 +10,7 @@ from dlo.data.augment import KINDS, cutmix, cutmix_reference, mixup, mixup_refer
 from dlo.measure.bench import torch_threads
 from dlo.measure.bench import Warmup, measure_interleaved
 from dlo.measure.bench import environment_info, save_json
+from dlo.runtime.arguments import ScriptParser, at_least, device_name
 from dlo.runtime.device import pick_device
 
 
@@ -87,29 +87,28 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlo mix-bench",
-                                description="Benchmark MixUp / CutMix: per-image Python loop vs batched.")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=None, help="timed calls (default 20 on CPU, 50 on GPU)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls first (default: until steady)")
+def _parser() -> ScriptParser:
+    p = ScriptParser(prog="python -m dlo mix-bench",
+                     description="Benchmark MixUp / CutMix: per-image Python loop vs batched.")
+    p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--batch-size", type=at_least(1), default=256)
+    p.add_argument("--image-size", type=at_least(1), default=32)
+    p.add_argument("--repeats", type=at_least(1), default=None, help="timed calls (default 20 on CPU, 50 on GPU)")
+    p.add_argument("--warmup", type=at_least(0), default=None, help="untimed calls first (default: until steady)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: leave as is)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default: leave as is)")
     p.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     p.add_argument("--out", default=None, help="write the records and environment as JSON here")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """``dlo mix-bench``: 0 when done, 2 (after one line on stderr) for a bad option or a device that is not there."""
     try:
-
-        for flag, value in (("--batch-size", args.batch_size), ("--image-size", args.image_size),
-                            ("--repeats", args.repeats), ("--threads", args.threads)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {value}")
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0), or a refused option: its one line is written
+        return int(exc.code or 0)
+    try:
         device = pick_device(args.device)
         records = benchmark(args.batch_size, args.image_size, device, args.repeats, tuple(args.kinds),
                             warmup=args.warmup, dtype=getattr(torch, args.dtype), threads=args.threads)

@@ -64,6 +64,7 @@ from dlo.lessons.leaderboard import check_target, check_writable
 from dlo.data.loaders import Batches
 from dlo.data.cifar import find_cifar10
 from dlo.runtime.device import pick_device
+from dlo.runtime.arguments import ScriptParser, at_least, device_name, positive_number
 # the lesson's entry point: the recipes and the data helpers are reachable from here (race.Recipe, ...)
 from dlo.lessons.race_recipe import (MODELS, RACE_RULE, REAL_TARGET, RECIPES, SMOKE_DATA, SMOKE_TARGET,  # noqa: F401
                                      TIMING_RULES, Recipe, reference_recipe, smoke_recipe)
@@ -373,32 +374,57 @@ def summary_line(record: dict[str, Any]) -> str:
 # Command line: python -m dlo race
 # --------------------------------------------------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlo race",
-                                description="One attempt at the CIFAR-10 race: time to a target test accuracy.")
+def _fraction(text: str) -> float:
+    """``type=`` of ``--target``: an accuracy in (0, 1]."""
+    try:
+        return check_target(float(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc) if "target" in str(exc) else f"must be a number, got {text!r}"
+                                         ) from None
+
+
+def _parser() -> ScriptParser:
+    p = ScriptParser(prog="python -m dlo race",
+                     description="One attempt at the CIFAR-10 race: time to a target test accuracy.")
     p.add_argument("--recipe", default="reference", choices=sorted(RECIPES), help="a named recipe (default: reference)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="change a recipe field, e.g. --set epochs=16 --set amp=none (repeatable)")
-    p.add_argument("--target", type=float, default=None,
+    p.add_argument("--target", type=_fraction, default=None,
                    help=f"test accuracy to reach, in (0, 1] (default: {REAL_TARGET} on CIFAR-10, {SMOKE_TARGET} with --generated)")
     p.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py (or set DLO_DATA_DIR)")
     p.add_argument("--generated", action="store_true",
                    help="race on generated data (the smoke race; NOT CIFAR-10, use a target such as "
                         f"{SMOKE_TARGET})")
-    p.add_argument("--n-train", type=int, default=None, help="training images (default: all, or the smoke size)")
-    p.add_argument("--n-test", type=int, default=None,
+    p.add_argument("--n-train", type=at_least(1), default=None, help="training images (default: all, or the smoke size)")
+    p.add_argument("--n-test", type=at_least(1), default=None,
                    help="test images (default: all, or the smoke size); fewer than the 10 000 of real CIFAR-10 make a "
                         "practice attempt, ranked apart from the official board")
-    p.add_argument("--device", default=None, help="auto (default), cpu or cuda")
-    p.add_argument("--validation", type=int, default=None, metavar="N",
+    p.add_argument("--device", type=device_name, default=None, help="auto (default), cpu or cuda")
+    p.add_argument("--validation", type=at_least(10), default=None, metavar="N",
                    help="a validation run instead of a race: hold out N training images, evaluate them after every "
                         "epoch (to choose the recipe's epochs); the test set is not read, nothing goes on a leaderboard")
-    p.add_argument("--time-budget", type=float, default=None, help="stop after the epoch that passes this many seconds")
-    p.add_argument("--repeats", type=int, default=1, help="attempts with seeds seed, seed+1, ...")
+    p.add_argument("--time-budget", type=positive_number, default=None, help="stop after the epoch that passes this many seconds")
+    p.add_argument("--repeats", type=at_least(1), default=1, help="attempts with seeds seed, seed+1, ...")
     p.add_argument("--out", default=None, help="write the records (with environment) to this JSON file")
     p.add_argument("--leaderboard", default=None, help="append the attempts to this JSON leaderboard")
     p.add_argument("--no-progress", action="store_true")
     return p
+
+
+def _options(argv: list[str] | None) -> tuple[argparse.Namespace, Recipe]:
+    """The options and the recipe they make, checked together: a mistake is one line and SystemExit(2)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        recipe = recipe_with(args.recipe, args.set)
+    except (ValueError, TypeError) as exc:
+        parser.refuse(ValueError(f"argument --set: {exc}"))
+    if args.validation is not None and (args.n_test is not None or args.leaderboard is not None):
+        parser.refuse(ValueError("--validation never reads the test set and puts nothing on a leaderboard: "
+                                 "drop --n-test / --leaderboard"))
+    if args.target is None:
+        args.target = SMOKE_TARGET if args.generated else REAL_TARGET
+    return args, recipe
 
 
 def _parse_value(text: str) -> Any:
@@ -431,16 +457,13 @@ def recipe_with(name: str, settings: Iterable[str]) -> Recipe:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """``dlo race``: 0 when every attempt reached the target, 1 when one did not, 2 (after one line on stderr) for a
+    bad option or anything refused before the race starts."""
     try:
-        recipe = recipe_with(args.recipe, args.set)
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-        if args.target is None:
-            args.target = SMOKE_TARGET if args.generated else REAL_TARGET
-        if args.validation is not None and (args.n_test is not None or args.leaderboard is not None):
-            raise ValueError("--validation never reads the test set and puts nothing on a leaderboard: "
-                             "drop --n-test / --leaderboard")
+        args, recipe = _options(argv)
+    except SystemExit as exc:  # --help (0), or a refused option: its one line is written
+        return int(exc.code or 0)
+    try:
         common = dict(data_dir=args.data_dir, generated=True if args.generated else False, device=args.device,
                       time_budget_s=args.time_budget, n_train=args.n_train, progress=not args.no_progress)
         records = []

@@ -8,7 +8,9 @@ bad value found later is a traceback; on a cluster both land in a log read after
 - :func:`at_least` builds the ``type=`` of an integer option with a lower bound (``type=at_least(1)``), so a count
   of 0 or -5 is refused by the parser itself;
 - :meth:`ScriptParser.refuse` turns the ``ValueError`` of a later consistency check (two options that do not go
-  together) into the same one line.
+  together) into the same one line;
+- :func:`positive_number` and :func:`device_name` are the ``type=`` of a number that must be ``> 0`` and of a
+  ``--device`` option (``auto``, ``cpu``, ``cuda``, ``cuda:N``).
 """
 from __future__ import annotations
 
@@ -41,3 +43,23 @@ def at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {minimum}"
     return parse
+
+
+def device_name(text: str) -> str:
+    """``type=`` of a ``--device`` option: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``, the names
+    :func:`dlo.runtime.device.pick_device` takes (whether that GPU is there is its question, later)."""
+    name = text.strip().lower()
+    if name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}: use auto, cpu, cuda or cuda:N")
+
+
+def positive_number(text: str) -> float:
+    """``type=`` of a number option that must be ``> 0`` (a learning rate, a size in MiB, seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:  # NaN included
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

@@ -13,6 +13,7 @@ from dlo.training.checkpoint import check_model_shape, read_checkpoint, unwrap_m
 from dlo.training.loop import train
 from dlo import data
 from dlo.measure.bench import environment_info, save_json
+from dlo.runtime.arguments import ScriptParser, at_least, device_name, positive_number
 from dlo.runtime.atomic import atomic_write
 from dlo.runtime.device import pick_device
 from dlo.runtime.paths import probe_writable
@@ -24,29 +25,29 @@ from dlo.data.augment import MixCutMix
 # Command line: python -m dlo train
 # --------------------------------------------------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dlo train", description="Train the CIFAR ResNet-18 with dlo's loop.")
+def _parser() -> ScriptParser:
+    p = ScriptParser(prog="python -m dlo train", description="Train the CIFAR ResNet-18 with dlo's loop.")
     p.add_argument("--data-dir", default=None, help="folder holding cifar-10-batches-py (default: look, else generate)")
     p.add_argument("--generated", action="store_true", help="force the generated CIFAR-format dataset")
-    p.add_argument("--n-train", type=int, default=2000, help="generated data: training images")
-    p.add_argument("--width", type=int, default=64, help="ResNet width (64 = standard ResNet-18)")
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--n-train", type=at_least(1), default=2000, help="generated data: training images")
+    p.add_argument("--width", type=at_least(1), default=64, help="ResNet width (64 = standard ResNet-18)")
+    p.add_argument("--batch-size", type=at_least(1), default=128)
+    p.add_argument("--workers", type=at_least(0), default=0)
+    p.add_argument("--epochs", type=at_least(1), default=1)
+    p.add_argument("--steps", type=at_least(1), default=None)
+    p.add_argument("--lr", type=positive_number, default=0.05)
     p.add_argument("--amp", choices=["bf16", "fp16", "none"], default="none")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--cudnn-benchmark", action="store_true")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--device", default=None, help="auto (default), cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", type=device_name, default=None, help="auto (default), cpu or cuda")
+    p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--ckpt", default=None, help="checkpoint file (saved on SIGTERM/SIGUSR1 and at the end)")
-    p.add_argument("--ckpt-every", type=int, default=None)
+    p.add_argument("--ckpt-every", type=at_least(1), default=None)
     p.add_argument("--resume", action="store_true", help="continue from --ckpt")
     p.add_argument("--out", default=None, help="write the records and final metrics to this JSON file")
     p.add_argument("--save-weights", default=None, help="write the final model state_dict to this file")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=at_least(1), default=10)
     p.add_argument("--no-progress", action="store_true")
     r = p.add_argument_group("recipes (all off by default)")
     r.add_argument("--resize-schedule", type=_schedule_arg, default=None, metavar="E:S,...",
@@ -74,7 +75,17 @@ def _schedule_arg(text: str) -> list[tuple[int, int]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """``dlo train``: 0 when done, 2 (after one line on stderr) for a bad option or anything refused before the
+    run starts."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        try:
+            _check_options(args)
+        except ValueError as exc:
+            parser.refuse(exc)
+    except SystemExit as exc:  # --help (0), or a refused option: its one line is written
+        return int(exc.code or 0)
     try:
         return _main(args)
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -144,17 +155,9 @@ def check_same_run(ckpt: str | None, saved: dict | None, now: dict) -> None:
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    for flag, value, low in (("--batch-size", args.batch_size, 1), ("--log-every", args.log_every, 1),
-                             ("--epochs", args.epochs, 1), ("--n-train", args.n_train, 1), ("--width", args.width, 1),
-                             ("--workers", args.workers, 0)):
-        if value < low:
-            raise ValueError(f"{flag} must be an integer >= {low}, got {value}")
-    if args.ckpt_every is not None:
-        if args.ckpt_every < 1:
-            raise ValueError(f"--ckpt-every is a number of steps between checkpoints: give a positive integer, "
-                             f"got {args.ckpt_every}")
-        if not args.ckpt:
-            raise ValueError("--ckpt-every needs --ckpt (the file the checkpoints are written to)")
+    """Options that do not go together (each number alone is checked by its ``type=``)."""
+    if args.ckpt_every is not None and not args.ckpt:
+        raise ValueError("--ckpt-every needs --ckpt (the file the checkpoints are written to)")
     if args.resume and not args.ckpt:
         raise ValueError("--resume continues from a checkpoint: give its file with --ckpt PATH")
     if args.tta and not args.eval:
@@ -186,8 +189,8 @@ def _check_resume(args: argparse.Namespace) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    # Everything that can be checked is checked first: a mistake costs a line, not minutes of training.
-    _check_options(args)
+    # Everything that can be checked is checked first (the options already are): a mistake costs a line, not minutes
+    # of training.
     cfg = TrainConfig(epochs=args.epochs, steps=args.steps, lr=args.lr, amp=None if args.amp == "none" else args.amp,
                       channels_last=args.channels_last, cudnn_benchmark=args.cudnn_benchmark, compile=args.compile,
                       seed=args.seed, ckpt_path=args.ckpt, ckpt_every=args.ckpt_every, resume=args.resume,
