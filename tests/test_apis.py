@@ -18,6 +18,7 @@ import json
 import runpy
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,12 +194,31 @@ def test_a_failing_accelerate_launch_is_one_line_naming_the_error(tmp_path):
 
 @pytest.mark.slow
 @needs["accelerate"]
-def test_a_hanging_accelerate_launch_is_stopped_at_its_timeout_and_its_log_says_where(tmp_path):
-    hangs = ("import time\n\n\ndef wait_for_a_peer_that_never_comes():\n    time.sleep(300)\n\n\n"
+def test_a_hanging_accelerate_launch_is_stopped_at_its_timeout_and_its_log_says_where(tmp_path, monkeypatch):
+    """Both ranks hang; the launch is stopped at its time-out, and its log shows where each rank was. The time-out is
+    a ceiling for a busy machine (ranks take 5-30 s to start there): the launcher's clock is moved past it as soon as
+    both ranks are inside the hang, so the test waits for that, not for a fixed time."""
+    import types
+
+    from dlo.lessons import apis_launch
+
+    arrived = tmp_path / "arrived"
+    arrived.mkdir()
+    hangs = ("import os\nimport time\n\n\ndef wait_for_a_peer_that_never_comes():\n"
+             f"    open(os.path.join({str(arrived)!r}, os.environ['RANK']), 'w').close()\n    time.sleep(300)\n\n\n"
              "wait_for_a_peer_that_never_comes()\n")
-    # 45 s: long enough for both ranks to reach the hang on a busy 2-core machine (they take 5-30 s to start)
-    with pytest.raises(RuntimeError, match="timed out after 45 s; where each process was is in its log"):
-        _launch_source(tmp_path, hangs, timeout_s=45)
+    timeout_s = 240
+    jumped = []
+
+    def monotonic() -> float:
+        if not jumped and len(list(arrived.iterdir())) == 2:
+            jumped.append(True)
+        return time.monotonic() + (timeout_s if jumped else 0)
+
+    monkeypatch.setattr(apis_launch, "time", types.SimpleNamespace(monotonic=monotonic, strftime=time.strftime))
+    with pytest.raises(RuntimeError, match=f"timed out after {timeout_s} s; where each process was is in its log"):
+        _launch_source(tmp_path, hangs, timeout_s=timeout_s)
+    assert jumped, "stopped before both ranks were inside the hang"
     log = (tmp_path / "records" / "launch.log").read_text()
     assert log.count("in wait_for_a_peer_that_never_comes") == 2, log[-2000:]  # both ranks' stacks
 
