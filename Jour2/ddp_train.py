@@ -69,10 +69,9 @@ def check_run(args: argparse.Namespace, world_size: int) -> None:
                          f"{args.epochs} x {args.max_steps} steps to time: lower it or run more steps")
 
 
-def refuse(exc: ValueError, rank: int) -> NoReturn:
-    """The one line, written by rank 0 (every rank finds the same mistake; the others leave quietly, exit 2)."""
-    if rank:
-        raise SystemExit(2)
+def refuse(exc: ValueError) -> NoReturn:
+    """The one line, exit code 2. Every rank finds the same mistake and says it: a launcher stops the other ranks at
+    the first that fails, so a line left to rank 0 could be lost."""
     build_parser().refuse(exc)
 
 
@@ -81,11 +80,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
-    _launch = dist_context()  # torchrun's or srun's variables
     try:
-        check_run(parse_args(), _launch.world_size)
+        check_run(parse_args(), dist_context().world_size)  # torchrun's or srun's variables: no process group yet
     except ValueError as _exc:
-        refuse(_exc, _launch.rank)
+        refuse(_exc)
 
 import statistics
 import sys
@@ -322,7 +320,7 @@ def main(argv=None) -> None:
         for _, run_args in runs:
             check_run(run_args, launch.world_size)
     except ValueError as exc:
-        refuse(exc, launch.rank)
+        refuse(exc)
     ctx = init_distributed()  # dlo.runtime: torchrun or srun variables; nccl on GPUs, gloo on CPU
     device = rank_device(ctx)
     say = print if ctx.is_main else (lambda *a, **k: None)

@@ -76,8 +76,8 @@ BAD = [
 SCRIPTS = sorted({script for script, _, _, _ in BAD})
 
 
-RANK0_OF_4 = ("tp_pipeline/grid_train.py", {"WORLD_SIZE": "4", "RANK": "3"}, ["--dp", "2"])
-CASES = [(s, launch, argv) for s, launch, argv, _ in BAD] + [(s, {}, ["--help"]) for s in SCRIPTS] + [RANK0_OF_4]
+RANK3_OF_4 = ("tp_pipeline/grid_train.py", {"WORLD_SIZE": "4", "RANK": "3"}, ["--dp", "2", "--tp", "1"])
+CASES = [(s, launch, argv) for s, launch, argv, _ in BAD] + [(s, {}, ["--help"]) for s in SCRIPTS] + [RANK3_OF_4]
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +109,10 @@ def test_a_bad_option_is_one_line_before_torch(ran, script, launch, argv, words)
     assert words in lines[0], lines[0]
 
 
-def test_only_rank_0_says_why_a_layout_cannot_run(ran):
-    """Every rank finds the same mistake: one line in the launch's log, not one per rank; every rank exits 2."""
-    assert ran[_key(*RANK0_OF_4)] == (2, "", "")
+def test_every_rank_says_why_a_layout_cannot_run(ran):
+    """A launcher stops the other ranks at the first that fails, whichever it is: each must leave the line."""
+    code, out, err = ran[_key(*RANK3_OF_4)]
+    assert (code, out) == (2, "") and err == ran[_key(RANK3_OF_4[0], W4, RANK3_OF_4[2])][2] != ""
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -69,11 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def refuse_layout(reason: str, rank: int) -> NoReturn:
-    """The one line saying why this launch's layout cannot run: every rank finds the same reason, rank 0 says it,
-    the others leave quietly (exit code 2 on all of them)."""
-    if rank:
-        raise SystemExit(2)
+def refuse_layout(reason: str) -> NoReturn:
+    """The one line saying why this launch's layout cannot run, exit code 2. Every rank finds the same reason and
+    says it: a launcher stops the other ranks at the first that fails, so a line left to rank 0 could be lost."""
     build_parser().refuse(ValueError(reason))
 
 
@@ -85,9 +83,9 @@ def layout_mismatch(args, world_size: int) -> str | None:
 
 
 if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
-    _launch = dist_context()  # torchrun's or srun's variables: no process group yet
-    if (_reason := layout_mismatch(parse_args(), _launch.world_size)) is not None:
-        refuse_layout(_reason, _launch.rank)
+    # torchrun's or srun's variables tell the launch's process count: no process group yet
+    if (_reason := layout_mismatch(parse_args(), dist_context().world_size)) is not None:
+        refuse_layout(_reason)
 
 import statistics
 import time
@@ -216,8 +214,7 @@ def main(argv=None) -> None:
         reason = why_invalid(cfg, world_size=launch.world_size, dp=args.dp, pp=args.pp, tp=args.tp, batch=args.batch,
                              micro_batches=args.micro_batches, schedule=schedule, virtual=args.virtual)
         if reason is not None:
-            refuse_layout(f"layout dp={args.dp} pp={args.pp} tp={args.tp} ({schedule}) cannot run: {reason}",
-                          launch.rank)
+            refuse_layout(f"layout dp={args.dp} pp={args.pp} tp={args.tp} ({schedule}) cannot run: {reason}")
     ctx = init_distributed()
     device = _device()
     say = print if ctx.is_main else (lambda *a, **k: None)

@@ -64,7 +64,7 @@ def build_parser() -> ScriptParser:
 
 def parse_args(argv=None, world_size: int | None = None) -> argparse.Namespace:
     """The options; with ``world_size`` (the launch's), also refuse a launch of one process: data parallelism needs
-    several (rank 0 says it, in one line; every rank leaves with exit code 2)."""
+    several (one line and exit code 2 on every rank)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if world_size is not None and world_size < 2:

@@ -24,7 +24,6 @@ compare your traffic with theory.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
 
 from dlo.runtime.arguments import ScriptParser, at_least
 from dlo.runtime.context import dist_context
@@ -96,20 +95,15 @@ def check_args(args: argparse.Namespace, world_size: int) -> None:
                              f"do not split over dp={dp} replicas (layout {layout})")
 
 
-def refuse(exc: ValueError, rank: int) -> NoReturn:
-    """The one line, written by rank 0 (every rank finds the same mistake; the others leave quietly, exit 2)."""
-    if rank:
-        raise SystemExit(2)
-    build_parser().refuse(exc)
-
-
 def checked_args(argv=None) -> argparse.Namespace:
-    """The options, refused in one line (by rank 0) when they cannot run on this launch's processes."""
-    args, launch = parse_args(argv), dist_context()  # torchrun's or srun's variables: no process group yet
+    """The options, refused in one line (exit code 2) when they cannot run on this launch's processes. Every rank
+    finds the same mistake and says it: a launcher stops the other ranks at the first that fails."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        check_args(args, launch.world_size)
+        check_args(args, dist_context().world_size)  # torchrun's or srun's variables: no process group yet
     except ValueError as exc:
-        refuse(exc, launch.rank)
+        parser.refuse(exc)
     return args
 
 

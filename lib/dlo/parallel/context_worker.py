@@ -62,15 +62,13 @@ def build_parser() -> ScriptParser:
 
 def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The options, and the sequence against the launch's ``cp`` processes (every layout cuts it in equal chunks),
-    refused in one line before any process group: rank 0 says it, the others leave quietly (exit code 2)."""
-    parser, launch = build_parser(), dist_context()  # torchrun's or srun's variables
+    refused in one line (exit code 2, on every rank) before any process group."""
+    parser = build_parser()
     args = parser.parse_args(argv)
-    cp = launch.world_size
+    cp = dist_context().world_size  # torchrun's or srun's variables
     for layout in args.layouts:
         n = 2 * cp if layout == "balanced" else cp
         if args.seq % n:
-            if launch.rank:
-                raise SystemExit(2)
             parser.refuse(ValueError(f"argument --seq: sequence length {args.seq} must be a multiple of {n} to be "
                                      f"split into {n} equal chunks over cp={cp} ranks ({layout} layout)"))
     return args

@@ -92,15 +92,13 @@ def check_args(args: argparse.Namespace, world_size: int) -> None:
 
 
 def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The options, refused in one line when they cannot run on this launch: every rank finds the same mistake,
-    rank 0 says it, the others leave quietly (exit code 2 on all)."""
-    parser, launch = build_parser(), dist_context()  # torchrun's or srun's variables: no process group yet
+    """The options, refused in one line (exit code 2) when they cannot run on this launch. Every rank finds the same
+    mistake and says it: a launcher stops the other ranks at the first that fails."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        check_args(args, launch.world_size)
+        check_args(args, dist_context().world_size)  # torchrun's or srun's variables: no process group yet
     except ValueError as exc:
-        if launch.rank:
-            raise SystemExit(2) from None
         parser.refuse(exc)
     return args
 
