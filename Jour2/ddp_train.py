@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from dlo.runtime.arguments import ScriptParser, at_least, positive_number
+from dlo.runtime.arguments import ScriptParser, at_least, parse_for_launch, positive_number
 from dlo.runtime.context import dist_context
 from dlo.runtime.validate import check_batch_divisible
 
@@ -80,10 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts
-    try:
-        check_run(parse_args(), dist_context().world_size)  # torchrun's or srun's variables: no process group yet
-    except ValueError as _exc:
-        refuse(_exc)
+    parse_for_launch(build_parser(), check_run)
 
 import statistics
 import sys

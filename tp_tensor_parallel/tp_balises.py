@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least
-from dlo.runtime.context import dist_context
+from dlo.runtime.arguments import ScriptParser, at_least, parse_for_launch
 
 
 def layout_arg(text: str) -> str:
@@ -96,13 +95,7 @@ def check_args(args: argparse.Namespace, world_size: int) -> None:
 def checked_args(argv=None) -> argparse.Namespace:
     """The options, refused in one line (exit code 2) when they cannot run on this launch's processes. Every rank
     finds the same mistake and says it: a launcher stops the other ranks at the first that fails."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        check_args(args, dist_context().world_size)  # torchrun's or srun's variables: no process group yet
-    except ValueError as exc:
-        parser.refuse(exc)
-    return args
+    return parse_for_launch(build_parser(), check_args, argv)
 
 
 if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least
-from dlo.runtime.context import dist_context
+from dlo.runtime.arguments import ScriptParser, at_least, parse_for_launch
 
 DTYPE_NAMES = ("float32", "float64")
 LAYOUTS = ("balanced", "contiguous")  # dlo.parallel.context's layouts: the sequence in 2·cp or cp chunks
@@ -60,18 +59,18 @@ def build_parser() -> ScriptParser:
     return p
 
 
-def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The options, and the sequence against the launch's ``cp`` processes (every layout cuts it in equal chunks),
-    refused in one line (exit code 2, on every rank) before any process group."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    cp = dist_context().world_size  # torchrun's or srun's variables
+def check_args(args: argparse.Namespace, cp: int) -> None:
+    """The sequence against the launch's ``cp`` processes: every layout cuts it in equal chunks."""
     for layout in args.layouts:
         n = 2 * cp if layout == "balanced" else cp
         if args.seq % n:
-            parser.refuse(ValueError(f"argument --seq: sequence length {args.seq} must be a multiple of {n} to be "
-                                     f"split into {n} equal chunks over cp={cp} ranks ({layout} layout)"))
-    return args
+            raise ValueError(f"argument --seq: sequence length {args.seq} must be a multiple of {n} to be "
+                             f"split into {n} equal chunks over cp={cp} ranks ({layout} layout)")
+
+
+def checked_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, refused in one line (exit code 2, on every rank) before any process group."""
+    return parse_for_launch(build_parser(), check_args, argv)
 
 
 if __name__ == "__main__":  # a bad option is one line here, before torch is imported or any process group starts

@@ -15,7 +15,9 @@ bad value found later is a traceback; on a cluster both land in a log read after
 from __future__ import annotations
 
 import argparse
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Sequence
+
+from dlo.runtime.context import dist_context
 
 
 class ScriptParser(argparse.ArgumentParser):
@@ -63,3 +65,17 @@ def positive_number(text: str) -> float:
     if not value > 0:  # NaN included
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def parse_for_launch(parser: ScriptParser, check: Callable[[argparse.Namespace, int], None],
+                     argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``parser``'s options, then ``check(args, world_size)`` against this launch's process count, read from
+    torchrun's or srun's variables before any process group exists; the ``ValueError`` it raises is refused in one
+    line (exit code 2). Every rank finds the same mistake and says it: a launcher stops the other ranks at the
+    first that fails, so a line left to rank 0 could be lost."""
+    args = parser.parse_args(argv)
+    try:
+        check(args, dist_context().world_size)
+    except ValueError as exc:
+        parser.refuse(exc)
+    return args
