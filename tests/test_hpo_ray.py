@@ -72,7 +72,7 @@ def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
     # every trial reported through the callback (not r.metrics["trial_id"]: after a PBT exploit a trial's last
     # result may carry its donor's id)
     assert rec["recorded_trials"] == 2 and rec["recorded_trials_in_results"] == 2
-    assert rec["exploit_lr_floats"]
+    assert rec["exploits"] >= 1 and rec["exploit_lr_floats"]  # PBT did copy a trial (synchronous: at epoch 2)
     assert rec["initialized_after_shutdown"] is False
 
 

@@ -12,7 +12,9 @@ left one under runs/ or $DLO_RUNS_DIR (as tests/test_conclusions.py reads them):
 - DataLoader: the setting kept comes from interleaved repeats and the decision rule, and a loop that hardly
   waited for data gets "no difference beyond the noise";
 - zero_grad: the call itself is timed, on gradients restored before each call, not two whole steps;
-- attention: unsteady timings are flagged and carry no ratio.
+- attention: unsteady timings are flagged and carry no ratio;
+- hpo: "PBT made N exploit/explore step(s)" was 0 in the dry rehearsal (trials one after another, asynchronous
+  PBT): PBT is now synchronous, and a results.json whose population could exploit did.
 """
 from __future__ import annotations
 
@@ -329,3 +331,25 @@ def test_attention_s_unsteady_list_is_its_timings(path):
             if not m["steady"]]
     assert sorted(results["unsteady_timings"]) == sorted(want)
     assert all(math.isfinite(1.0) for _ in want)
+
+
+# --- hpo: Population Based Training -------------------------------------------------------------------------
+def test_hpo_runs_pbt_synchronously():
+    """Asynchronous PBT ranks a trial against the others' latest results: where trials run one after another (2
+    cores, 2 CPUs per trial, the dry profile) the first has no one to copy and the dry rehearsal made no exploit."""
+    calls = re.findall(r"pbt_scheduler\(.*?\n\s*grid, ", _code("Jour4/hpo.ipynb"), re.S)
+    assert calls and all("synch=True" in call for call in calls)
+
+
+@pytest.mark.parametrize("path", _results("hpo") or [None], ids=str)
+def test_pbt_of_a_results_json_exploited(path):
+    """'PBT made N exploit/explore step(s)': synchronous PBT with at least 2 trials and a checkpoint epoch before
+    the last one copies a trial at every such epoch, on any machine."""
+    if path is None:
+        pytest.skip("no hpo results.json under runs/ or $DLO_RUNS_DIR yet")
+    results = _load(path)
+    if "pbt_exploits" not in results:
+        pytest.skip(f"{path}: Ray did not run PBT there ({results.get('ray_start')})")
+    settings = results["settings"]
+    if settings["pbt_population"] >= 2 and settings["tune_epochs"] > 2:
+        assert len(results["pbt_exploits"]) >= 1, f"{path}: PBT made no exploit step"

@@ -30,7 +30,9 @@ def trainable(config):
 
 info = hpo.ray_start(num_cpus=2, temp_dir=out / "ray")
 try:
-    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2,
+    # synchronous, as hpo.ipynb: both trials are ranked at epochs 2 and 4, so the worse one copies the better one
+    # however the two are scheduled (together, or one after the other on a busy machine)
+    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, synch=True,
                                   hyperparam_mutations={"lr": tune.uniform(0.0, 1.0)})
     progress = hpo.tune_progress(2, "test", metrics=("score", "epoch"))
     tuner = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}), param_space={"lr": tune.uniform(0.0, 1.0)},
@@ -45,6 +47,7 @@ try:
               "errors": grid.num_errors, "trials": len(grid), "complete": row["complete"],
               "epochs_trained": row["epochs trained"], "recorded_trials": len(trials),
               "recorded_trials_in_results": sum(any(t in Path(r.path).name for r in grid) for t in trials),
+              "exploits": len(hpo.pbt_exploits(out / "pbt")),
               "exploit_lr_floats": all(isinstance(e["lr after"], float) for e in hpo.pbt_exploits(out / "pbt"))}
 finally:
     ray.shutdown()
