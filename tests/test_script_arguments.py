@@ -72,6 +72,10 @@ BAD = [
     ("lib/dlo/parallel/context_worker.py", W2, ["--seq", "0"], "argument --seq: must be >= 1, got 0"),
     ("lib/dlo/parallel/context_worker.py", W2, ["--heads", "6:4"], "argument --heads: '6:4': num_heads=6"),
     ("lib/dlo/parallel/context_worker.py", W4, ["--seq", "12"], "argument --seq: sequence length 12 must be a multiple of 8"),
+    ("lib/dlo/parallel/context_worker.py", W2, ["--layouts", "balanced,zigzag"],
+     "argument --layouts: unknown layout(s) 'zigzag': use balanced, contiguous"),
+    ("lib/dlo/parallel/experts_worker.py", W2, ["--dtypes", "float32,float16"],
+     "argument --dtypes: unknown dtype(s) 'float16': use float32, float64"),
 ]
 SCRIPTS = sorted({script for script, _, _, _ in BAD})
 

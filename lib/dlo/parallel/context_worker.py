@@ -12,23 +12,10 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least, parse_for_launch
+from dlo.runtime.arguments import ScriptParser, at_least, comma_list_among, parse_for_launch
 
 DTYPE_NAMES = ("float32", "float64")
 LAYOUTS = ("balanced", "contiguous")  # dlo.parallel.context's layouts: the sequence in 2·cp or cp chunks
-
-
-def _among(names: tuple[str, ...]):
-    """``type=`` of a comma-separated list of values among ``names``."""
-
-    def parse(text: str) -> list[str]:
-        values = text.split(",")
-        unknown = [v for v in values if v not in names]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"{', '.join(map(repr, unknown))} not among {', '.join(names)}")
-        return values
-
-    return parse
 
 
 def _head_pairs(text: str) -> list[tuple[int, int]]:
@@ -52,9 +39,9 @@ def build_parser() -> ScriptParser:
     p.add_argument("--batch", type=at_least(1), default=2)
     p.add_argument("--dim", type=at_least(1), default=16)
     p.add_argument("--heads", type=_head_pairs, default="4:4,4:2,6:1", help="heads:kv_heads pairs, comma-separated")
-    p.add_argument("--layouts", type=_among(LAYOUTS), default="balanced,contiguous")
-    p.add_argument("--dtypes", type=_among(DTYPE_NAMES), default="float32")
-    p.add_argument("--causal", type=_among(("1", "0")), default="1,0", help="1 (causal), 0 (not), comma-separated")
+    p.add_argument("--layouts", type=comma_list_among(LAYOUTS, "layout"), default="balanced,contiguous")
+    p.add_argument("--dtypes", type=comma_list_among(DTYPE_NAMES, "dtype"), default="float32")
+    p.add_argument("--causal", type=comma_list_among(("1", "0")), default="1,0", help="1 (causal), 0 (not), comma-separated")
     p.add_argument("--torch-cp", action="store_true")
     return p
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least, parse_for_launch
+from dlo.runtime.arguments import ScriptParser, at_least, comma_list_among, parse_for_launch
 
 DTYPE_NAMES = ("float32", "float64")
 
@@ -53,20 +53,13 @@ def _configs(text: str) -> list[tuple[int, int, float | None, list[int] | None, 
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _dtypes(text: str) -> list[str]:
-    names = text.split(",")
-    unknown = [n for n in names if n not in DTYPE_NAMES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(map(repr, unknown))}: use {', '.join(DTYPE_NAMES)}")
-    return names
-
-
 def build_parser() -> ScriptParser:
     p = ScriptParser(prog="experts_worker.py", description=__doc__.splitlines()[0])
     p.add_argument("--ep", type=at_least(1), default=None, help="expert-parallel group size; default: the world size")
     p.add_argument("--configs", type=_configs, default="4:2:none,4:1:1.0,4:2:0.75",
                    help="E:k:capacity_factor[:batches[:starve]], comma-separated")
-    p.add_argument("--dtypes", type=_dtypes, default="float32", help=f"comma-separated, among {', '.join(DTYPE_NAMES)}")
+    p.add_argument("--dtypes", type=comma_list_among(DTYPE_NAMES, "dtype"), default="float32",
+                   help=f"comma-separated, among {', '.join(DTYPE_NAMES)}")
     p.add_argument("--hidden", type=at_least(1), default=16)
     p.add_argument("--inter", type=at_least(1), default=24)
     p.add_argument("--batch-per-rank", type=at_least(1), default=3)

@@ -47,6 +47,21 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+
+def comma_list_among(names: Sequence[str], what: str = "value") -> Callable[[str], list[str]]:
+    """``type=`` of a comma-separated list whose every item is one of ``names`` (``--dtypes float32,bfloat16``)."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        unknown = [v for v in values if v not in names]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what}(s) {', '.join(map(repr, unknown))}: use "
+                                             f"{', '.join(names)}")
+        return values
+
+    parse.__name__ = f"comma-separated {what}s"
+    return parse
+
 def device_name(text: str) -> str:
     """``type=`` of a ``--device`` option: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``, the names
     :func:`dlo.runtime.device.pick_device` takes (whether that GPU is there is its question, later)."""
