@@ -182,3 +182,22 @@ def test_a_store_mlflow_wrote_read_without_mlflow_is_one_line(monkeypatch, tmp_p
     assert "pip install mlflow" in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(FileNotFoundError, match="no tracking store"):
         tracking.metric_history(tmp_path / "elsewhere", "train/loss")
+
+
+def test_a_json_run_cut_mid_line_keeps_what_it_logged_and_a_damaged_line_names_the_file(monkeypatch, tmp_path):
+    _hide(monkeypatch, "mlflow")
+    monkeypatch.setattr(tracking, "_announced", set())
+    with tracking.Tracker(tmp_path, {"lr": 0.1}, run_name="cut") as t:
+        t.log({"train/loss": 2.0}, 1)
+        t.log({"train/loss": 1.5}, 2)
+    path, = (tmp_path / tracking.JSON_STORE).glob("*.jsonl")
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-1]) + '{"step": 3, "time_ms": 1, "metr')  # killed while appending
+    table = tracking.runs_table(tmp_path)
+    assert list(table["status"]) == ["RUNNING"] and table.iloc[0]["train/loss"] == 1.5
+    assert list(tracking.metric_history(tmp_path, "train/loss")["value"]) == [2.0, 1.5]
+    path.write_text(lines[0] + "garbage\n" + "".join(lines[1:]))
+    with pytest.raises(ValueError, match="line 2 is not a JSON record") as exc:
+        tracking.runs_table(tmp_path)
+    assert str(path) in str(exc.value) and "\n" not in str(exc.value)
+

@@ -288,12 +288,28 @@ def _runs(tracking_dir: str | os.PathLike, experiment: str):
                 return client, runs
 
 
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The entries of one :class:`_JsonRun` file. A run killed while appending leaves a cut last line: it is left
+    out (what was logged before it is kept). A line that does not parse elsewhere is one ValueError naming the file."""
+    texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    entries = []
+    for number, text in enumerate(texts, 1):
+        try:
+            entries.append(json.loads(text))
+        except json.JSONDecodeError:
+            if number == len(texts):
+                break
+            raise ValueError(f"{path}: line {number} is not a JSON record ({text[:60]!r}): the file is damaged; "
+                             f"move it out of {path.parent} to read the other runs") from None
+    return entries
+
+
 def _json_runs(tracking_dir: str | os.PathLike, experiment: str) -> list[dict[str, Any]]:
     """The runs of :class:`_JsonRun` files, oldest first: ``run_id``, ``run_name``, ``status`` (RUNNING until closed),
     ``params`` and ``history`` (metric -> [(step, time_ms, value)], in logging order)."""
     runs = []
     for path in sorted((Path(tracking_dir).expanduser() / JSON_STORE).glob("*.jsonl")):
-        lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = _json_lines(path)
         if not lines or lines[0].get("experiment") != experiment:
             continue
         head, history, status = lines[0], {}, "RUNNING"
