@@ -227,7 +227,7 @@ def test_cluster_presets_are_described():
 # Every command the documentation shows, exercised
 # --------------------------------------------------------------------------------------------------
 
-DOCUMENTS = [paths.ROOT / "README.md", paths.ROOT / "slurm" / "README.md", paths.ROOT / "results" / "README.md",
+DOCUMENTS = [paths.ROOT / "README.md", paths.ROOT / "docs" / "contributing.md", paths.ROOT / "slurm" / "README.md", paths.ROOT / "results" / "README.md",
              *sorted((paths.ROOT / "slurm").glob("*.sbatch"))]
 COMMAND_WORDS = {"dlo", "python", "python3", "sbatch", "make", "bash", "mkdir"}
 FAKE_SBATCH = Path(__file__).parent / "fixtures" / "fake_sbatch.py"
