@@ -165,7 +165,10 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "d
 
 
 def _annotation_types(node: ast.expr | None) -> tuple[type, ...] | None:
-    """``int | None`` -> (int, NoneType); ``list[int]`` -> (list,); None for what is not a plain builtin type."""
+    """``int | None`` -> (int, NoneType); ``list[int]`` -> (list,); None for what is not a plain builtin type.
+
+    Quoted annotations are read too: the notebooks write ``"Optional[int]"``, the form papermill's parameter parser
+    (``papermill --help-notebook``) understands, where it skips ``int | None``."""
     if node is None:
         return None
     if isinstance(node, ast.Constant) and node.value is None:
@@ -184,6 +187,9 @@ def _annotation_types(node: ast.expr | None) -> tuple[type, ...] | None:
         if node.value.id == "Optional":
             inner = _annotation_types(node.slice)
             return inner + (type(None),) if inner else None
+        if node.value.id == "Union" and isinstance(node.slice, ast.Tuple):
+            parts = [_annotation_types(e) for e in node.slice.elts]
+            return tuple(t for part in parts for t in part) if all(parts) else None
         return _annotation_types(node.value)
     return None
 
