@@ -211,6 +211,17 @@ def test_recipes_no_longer_claims_fewer_steps_nor_a_time_ratio():
     assert "time_vs_baseline" not in code and "claims.steps_sentence(" in code
 
 
+def test_the_ema_window_sentence_follows_the_counts():
+    """recipes once said "the EMA's window must fit the (now fewer) steps" of a combined run that took 40 steps
+    against the baseline's 24: the sentence is now written from the counted steps."""
+    s = claims.ema_window_sentence("all-combined", 40, "baseline", 24, 0.8)
+    assert "more steps than baseline (24)" in s and "fewer" not in s and "about 5 steps, 13% of its steps" in s
+    assert "fewer steps than baseline (1568)" in claims.ema_window_sentence("all-combined", 1392, "baseline", 1568, 0.99)
+    assert "as many steps as baseline" in claims.ema_window_sentence("x", 24, "baseline", 24, 0.9)
+    text, code = _markdown("Jour3/recipes.ipynb"), _code("Jour3/recipes.ipynb")
+    assert "(now fewer) steps" not in text and "claims.ema_window_sentence(" in code
+
+
 @pytest.mark.parametrize("path", _results("recipes") or [None], ids=str)
 def test_the_steps_sentence_of_a_results_json_is_its_counts(path):
     if path is None:

@@ -73,3 +73,18 @@ def steps_sentence(steps: Mapping[str, int], reference: str) -> str:
     if same:
         parts.append("as many steps as " + f"{reference} ({ref}): " + ", ".join(same))
     return "Counted optimiser steps -- " + "; ".join(parts) + "."
+
+
+def ema_window_sentence(run: str, steps: int, reference: str, reference_steps: int, decay: float) -> str:
+    """How the EMA's memory (about ``1 / (1 - decay)`` steps) compares with the counted steps of ``run`` and of
+    ``reference``: whether the run took fewer, more or as many steps, from the counts, never from the recipe."""
+    window = 1 / (1 - decay)
+    if steps < reference_steps:
+        how = f"fewer steps than {reference} ({reference_steps})"
+    elif steps > reference_steps:
+        how = f"more steps than {reference} ({reference_steps})"
+    else:
+        how = f"as many steps as {reference}"
+    share = f"{window / steps:.0%} of its steps" if steps else "more than its steps"
+    return (f"Counted: {run} took {steps} optimiser steps, {how}; an EMA of decay {decay:g} remembers about "
+            f"{window:.0f} steps, {share}.")
