@@ -74,15 +74,16 @@ def describe_steps(n: float) -> str:
 
 def plot_break_even(compile_s: float, eager_step_s: float, compiled_step_s: float, *,
                     max_steps: int | None = None, title: str = "Is compiling worth it?",
-                    path: str | Path | None = None):
+                    path: str | Path | None = None, note: str | None = None):
     """Cumulative time against the number of steps, eager and compiled, with the break-even marked.
 
     The x axis runs to twice the break-even (or, when compiling never pays off, far enough for the
-    compiled line's head start to show). Returns the matplotlib Figure (saved when ``path`` is given).
+    compiled line's head start to show). ``note``: the decision rule did not find the compiled step faster; no
+    break-even is marked and ``note`` says why. Returns the matplotlib Figure (saved when ``path`` is given).
     """
     import matplotlib.pyplot as plt
 
-    n_star = break_even_steps(compile_s, eager_step_s, compiled_step_s)
+    n_star = math.inf if note else break_even_steps(compile_s, eager_step_s, compiled_step_s)
     if max_steps is None:
         if math.isinf(n_star):
             max_steps = max(10, math.ceil(2 * compile_s / eager_step_s))
@@ -98,7 +99,7 @@ def plot_break_even(compile_s: float, eager_step_s: float, compiled_step_s: floa
     ax.plot(steps.numpy(), compiled.numpy(), color="tab:green",
             label=f"compiled: {compile_s:.1f} s + {compiled_step_s * 1e3:.3g} ms/step")
     if math.isinf(n_star):
-        ax.text(0.97, 0.25, "the compiled step is not faster:\ncompiling never pays off",
+        ax.text(0.97, 0.25, note or "the compiled step is not faster:\ncompiling never pays off",
                 transform=ax.transAxes, ha="right", fontsize=9, color="tab:red")
     else:
         t_star = n_star * eager_step_s
