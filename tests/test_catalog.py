@@ -126,4 +126,4 @@ def test_an_unknown_course_in_check_is_one_line_naming_the_courses(capsys):
 
     assert main(["check", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: unknown course 'nope': choose one of ") and "jour1" in err[0]
+    assert len(err) == 1 and err[0].startswith("error: unknown course 'nope': ") and "the courses are " in err[0] and "jour1" in err[0]

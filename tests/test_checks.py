@@ -66,7 +66,7 @@ def test_missing_function_and_unknown_names():
         checks.check("jour1", "device", {})
     with pytest.raises(ValueError, match="unknown course 'jour9'"):
         checks.check("jour9", "x", {})
-    with pytest.raises(ValueError, match="unknown step 'nope' for jour1"):
+    with pytest.raises(ValueError, match="unknown step 'nope' of jour1: its steps are device, amp"):
         checks.check("jour1", "nope", {})
 
 

@@ -22,9 +22,12 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, error", [
-    (["check", "jour9", "amp"], "error: unknown course 'jour9': choose one of "),
-    (["check", "jour1", "nope"], "error: unknown step 'nope' for jour1: choose one of device, amp"),
+    (["check", "jour9", "amp"], "error: unknown course 'jour9': did you mean jour1? the courses are "),
+    (["check", "jour1", "nope"], "error: unknown step 'nope' of jour1: its steps are device, amp"),
     (["check", "jour1", "amp", "--notebook", "no/such.ipynb"], "error: no notebook or script at no/such.ipynb"),
+    (["hint", "jour9", "amp"], "error: unknown course 'jour9': did you mean jour1? the courses are "),
+    (["hint", "jour1", "ampp"], "error: unknown step 'ampp' of jour1: did you mean amp? its steps are "),
+    (["solution", "jour1", "ampp"], "error: unknown step 'ampp' of jour1: did you mean amp? its steps are "),
 ])
 def test_check_refuses_an_unknown_step_before_importing_torch(args, error):
     res = _python(f"import sys; from dlo.cli import main; code = main({args!r}); "
@@ -94,3 +97,12 @@ def test_hint_level_kept_in_a_writable_runs_folder(tmp_path):
     (tmp_path / "file").write_text("")
     level, why = hints.advance("optimizers", "lion", state_file=tmp_path / "file" / "hints.json")
     assert level == 1 and why.startswith(f"cannot write {tmp_path / 'file' / 'hints.json'} (")
+
+
+def test_a_not_yet_line_points_to_the_hint_once():
+    from dlo.course.checks.framework import CheckFailed
+
+    stub = CheckFailed("jour1/amp: not implemented yet -- Run `dlo hint jour1 amp` for a hint.", "jour1", "amp")
+    assert stub.one_line().count("dlo hint jour1 amp") == 1
+    plain = CheckFailed("the loss is not a tensor", "jour1", "amp")
+    assert plain.one_line() == "NOT YET jour1/amp: the loss is not a tensor — hint: dlo hint jour1 amp"

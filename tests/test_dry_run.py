@@ -110,3 +110,16 @@ def test_a_full_dry_run_without_a_gpu_checks_the_full_profile_as_its_cpu_rehears
     assert bad.returncode == 2 and bad.stderr.splitlines() == [
         "error: experts.ipynb: code cell 3 (PROFILES = {) failed with ValueError: nproc must be at least 2 and divide "
         "the 8 experts, got 3 (checked with profile 'dry', the full profile rehearsed on a CPU: this machine has no GPU)"]
+
+
+@pytest.mark.parametrize("engine", ["papermill", "plain"])
+def test_a_real_run_refuses_a_bad_value_in_one_line_before_any_cell_runs(tmp_path, engine):
+    """Without --dry-run, values given with -p go through the same checks first: one line, no traceback streamed
+    from a cell, no executed notebook written."""
+    res = subprocess.run([sys.executable, "-m", "dlo", "run", "Jour1/jour1.ipynb", "--profile", "smoke", "--engine",
+                          engine, "--out-dir", str(tmp_path), "-p", "batch_size", "-3"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and "batch_size must be a positive integer, got -3" in lines[0], res.stderr
+    assert res.stdout == "" and not (tmp_path / "jour1.ipynb").exists()

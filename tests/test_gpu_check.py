@@ -380,3 +380,10 @@ def test_fsdp_mfu_reads_the_figure_with_the_lm_head_and_shows_both(tmp_path):
                                    "37.0 %)")
     value, details = gc._fsdp_parse(tmp_path, [{**rec, "timing": {"steady": False}}])
     assert value is None and "did not reach steady timings" in details["why"]
+
+
+def test_the_help_lists_every_benchmark_name_only_takes():
+    from dlo.cli import GPU_BENCHMARK_NAMES
+    from dlo.course.gpu_benchmarks import BENCHMARKS
+
+    assert GPU_BENCHMARK_NAMES == tuple(b.name for b in BENCHMARKS)

@@ -45,6 +45,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             shown = ", ".join(f"{k}={v!r}" for k, v in injected.items())
             print(f"ok: {notebook.name} would run with {shown}; output folder {out}")
             return 0
+        if params:  # values given by hand: the notebook's own checks refuse a bad one in one line before any work
+            check_request(args.notebook, profile=args.profile, parameters=params, out_dir=args.out_dir)
         if args.engine == "plain":
             run_plain(args.notebook, profile=args.profile, parameters=params, out_dir=args.out_dir)
             print(f"ran {args.notebook} as a plain script")
@@ -64,7 +66,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         table = catalog.steps()
         if args.course is not None and args.course not in table:
-            raise ValueError(f"unknown course {args.course!r}: choose one of {', '.join(sorted(table))}")  # as check()
+            raise ValueError(catalog.unknown_name(args.course, None, table))  # as check()
         for course, steps in table.items():
             if args.course in (None, course):
                 print(f"{course}: {' '.join(steps)}")
@@ -89,10 +91,9 @@ def _known_step(course: str, step: str, notebook: str | None) -> None:
     from dlo.runtime.paths import ROOT
 
     table = catalog.steps()
-    if course not in table:
-        raise ValueError(f"unknown course {course!r}: choose one of {', '.join(sorted(table))}")
-    if step not in table[course]:
-        raise ValueError(f"unknown step {step!r} for {course}: choose one of {', '.join(table[course])}")
+    problem = catalog.unknown_name(course, step, table)
+    if problem:
+        raise ValueError(problem)
     source = ROOT / table[course][step].notebook
     path = Path(notebook) if notebook else source.parent / "student" / source.name
     if not path.is_file():
@@ -172,6 +173,10 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
     return 1 if failed(payload["results"]) else 0
 
 
+#: The names `dlo gpu-check --only/--skip` take, for its --help without importing the benchmarks (torch); kept equal
+#: to dlo.course.gpu_benchmarks.BENCHMARKS by tests/test_gpu_check.py.
+GPU_BENCHMARK_NAMES = ("jour1_ladder", "mixcutmix", "fsdp_mfu", "pipeline_1f1b", "tp_vs_dtensor", "grid_3d", "race")
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``dlo``: one sub-command per task, each added by its own function."""
     p = ScriptParser(prog="dlo", description="Deep Learning Optimise workbook tools")
@@ -245,8 +250,9 @@ def _add_data_and_gpu_check(sub: Any) -> None:
     g = sub.add_parser("gpu-check", help="every full-profile benchmark on this GPU node, judged against its target")
     g.add_argument("--dry-run", action="store_true",
                    help="the same commands on the CPU at smoke size (targets not judged); what CI runs")
-    g.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run these benchmarks only")
-    g.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave these benchmarks out")
+    names = ", ".join(GPU_BENCHMARK_NAMES)
+    g.add_argument("--only", nargs="+", default=None, metavar="NAME", help=f"run these benchmarks only: {names}")
+    g.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave these benchmarks out (same names)")
     g.add_argument("--out", default=None, help="the JSON file (default results/gpu-check-<gpu>-<date>.json; "
                                                "runs/gpu-check/ for a dry run)")
     g.add_argument("--quick", action="store_true",

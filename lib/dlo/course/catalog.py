@@ -13,9 +13,10 @@ checker module); anything else is a :class:`CatalogError` naming the file and li
 from __future__ import annotations
 
 import ast
+from difflib import get_close_matches
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 CHECKS_DIR = Path(__file__).resolve().parent / "checks"
 _PARAMS = ("course", "step", "functions", "notebook")  # register()'s parameters, in order
@@ -40,6 +41,20 @@ class _Unresolved(Exception):
 def steps(checks_dir: str | Path = CHECKS_DIR) -> dict[str, dict[str, Step]]:
     """Returns ``{course: {step: Step}}`` in registration order, as ``REGISTRY`` holds it, without importing it."""
     return _catalog(Path(checks_dir).resolve())
+
+
+def unknown_name(course: str, step: str | None, table: Mapping[str, Iterable[str]]) -> str | None:
+    """None when ``course`` (and ``step``, if given) are in ``table`` ({course: steps}); else one line saying which
+    name is unknown, the closest known names ("did you mean") and where the list is."""
+    if course not in table:
+        close = get_close_matches(course, list(table), n=2)
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
+        return f"unknown course {course!r}: {guess}the courses are {', '.join(sorted(table))}"
+    if step is not None and step not in table[course]:
+        close = get_close_matches(step, list(table[course]), n=2)
+        guess = f"did you mean {' or '.join(close)}? " if close else ""
+        return f"unknown step {step!r} of {course}: {guess}its steps are {', '.join(table[course])}"
+    return None
 
 
 def find(course: str, step: str, checks_dir: str | Path = CHECKS_DIR) -> Step | None:

@@ -209,7 +209,7 @@ def step_solution(course: str, step: str) -> list[tuple[str, str, str]]:
     """``(function name, outline, code)`` of every solution region of a step, from its source notebook or script."""
     chk = catalog.find(course, step)  # read from the checkers' source: no torch for `dlo hint` / `dlo solution`
     if chk is None:
-        raise ValueError(f"unknown step {course}/{step}: `dlo check --list` shows the steps")
+        raise ValueError(catalog.unknown_name(course, step, catalog.steps()))
     helpers = {name for name, where in HELPERS.get(chk.notebook, {}).items() if where == (course, step)}
     regions = [r for text in source_text(ROOT / chk.notebook) for r in solution_regions(text)
                if r[0] in chk.functions or r[0] in helpers]

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 
 from dlo.course.exercises import load_exercises
+from dlo.course.catalog import unknown_name
 from dlo.runtime.launch import LaunchError, launch_forked
 from dlo.runtime.paths import ROOT
 from dlo.runtime.records import read_records
@@ -53,7 +54,8 @@ class CheckFailed(AssertionError):
         if self.course and self.step:
             prefix = f"{self.course}/{self.step}: "
             message = message[len(prefix):] if message.startswith(prefix) else message
-            return f"NOT YET {self.course}/{self.step}: {message} — hint: dlo hint {self.course} {self.step}"
+            pointer = f"dlo hint {self.course} {self.step}"
+            return f"NOT YET {self.course}/{self.step}: {message}" + ("" if pointer in message else f" — hint: {pointer}")
         return f"NOT YET: {message}"
 
     def _render_traceback_(self) -> list[str]:
@@ -92,10 +94,9 @@ def expect(cond: bool, message: str) -> None:
 
 def check(course: str, step: str, namespace: dict[str, Any] | None = None, **functions: Callable) -> str:
     """Run the checker of ``course``/``step`` on functions found in ``namespace`` (e.g. ``globals()``)."""
-    if course not in REGISTRY:
-        raise ValueError(f"unknown course {course!r}: choose one of {', '.join(sorted(REGISTRY))}")
-    if step not in REGISTRY[course]:
-        raise ValueError(f"unknown step {step!r} for {course}: choose one of {', '.join(REGISTRY[course])}")
+    problem = unknown_name(course, step, REGISTRY)
+    if problem:
+        raise ValueError(problem)
     chk = REGISTRY[course][step]
     ns = dict(namespace or {}, **functions)
     missing = [f for f in chk.functions if f not in ns]

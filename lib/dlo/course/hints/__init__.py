@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import experts, fsdp, jour1, jour2, jour3, jour4, pipeline, tensor
 from .base import Hint
+from dlo.course.catalog import unknown_name
 from dlo.runtime.paths import RUNS_DIR
 
 HINTS: dict[tuple[str, str], Hint] = {}
@@ -45,7 +46,10 @@ def hint_for(course: str, step: str) -> Hint:
     try:
         return HINTS[(course, step)]
     except KeyError:
-        raise ValueError(f"unknown step {course}/{step}: `dlo check --list` shows the steps") from None
+        known: dict[str, list[str]] = {}
+        for c, s in HINTS:
+            known.setdefault(c, []).append(s)
+        raise ValueError(unknown_name(course, step, known)) from None
 
 
 def goal(course: str, step: str) -> str:
