@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from dlo.measure.bench import time_calls
+from dlo.measure.bench import quartiles, time_calls
 from dlo.measure.flops import GPU_PEAKS, TERA, GpuSpec, gpu_peak
 
 GIGA = 10**9
@@ -155,8 +155,9 @@ def measure_matmul(sizes: Iterable[int | tuple[int, int, int]], *, dtype: torch.
     :func:`dlo.measure.bench.time_calls` (synchronised, warm-up excluded, median of ``repeats``).
 
     One record per size: m, n, k, dtype, flops, bytes (the ideal minimum), intensity, median_s, tflops
-    (measured FLOP/s / 1e12). ``min_seconds``: small matmuls are repeated inside one timed call until a
-    call lasts about that long, so that timer resolution and launch overhead do not dominate.
+    (measured FLOP/s / 1e12), its noise band ``tflops_low``-``tflops_high`` (from the quartiles of the timed
+    calls) and ``spread`` (interquartile range / median). ``min_seconds``: small matmuls are repeated inside
+    one timed call until a call lasts about that long, so that timer resolution and launch overhead do not dominate.
     """
     dev = _device(device)
     sizes = list(sizes)
@@ -186,11 +187,14 @@ def measure_matmul(sizes: Iterable[int | tuple[int, int, int]], *, dtype: torch.
 
         times = time_calls(call, warmup=warmup, repeats=repeats, device=dev)
         median = statistics.median(times) / inner
+        q25, q75 = (t / inner for t in quartiles(times))
         flops = matmul_flops(m, n, k)
         records.append({"m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", ""), "device": str(dev),
                         "flops": flops, "bytes": matmul_bytes(m, n, k, dtype),
                         "intensity": arithmetic_intensity(m, n, k, dtype), "median_s": median,
-                        "tflops": flops / median / TERA, "inner_calls": inner})
+                        "tflops": flops / median / TERA, "inner_calls": inner,
+                        "tflops_low": flops / q75 / TERA, "tflops_high": flops / q25 / TERA,
+                        "spread": (q75 - q25) / median})
         del a, b, out
     return records
 
@@ -208,10 +212,12 @@ def measure_bandwidth(*, nbytes: int = 256 * 2**20, device: torch.device | str |
     dst = torch.empty_like(src)
     times = time_calls(lambda: dst.copy_(src), warmup=warmup, repeats=repeats, device=dev)
     median = statistics.median(times)
+    q25, q75 = quartiles(times)
     moved = 2 * n * 4
     del src, dst
     return {"device": str(dev), "bytes_moved": moved, "median_s": median, "bandwidth": moved / median,
-            "gb_s": moved / median / GIGA}
+            "gb_s": moved / median / GIGA, "gb_s_low": moved / q75 / GIGA, "gb_s_high": moved / q25 / GIGA,
+            "spread": (q75 - q25) / median}
 
 
 def measured_roofline(matmul_records: Sequence[dict[str, Any]], bandwidth_record: dict[str, Any]) -> dict[str, float]:
