@@ -21,7 +21,7 @@ from dlo.runtime.device import pick_device
 def benchmark(batch_size: int = 256, image_size: int = 32, device: torch.device | str | None = None,
               repeats: int | None = None, kinds: Sequence[str] = KINDS, *, warmup: int | None = None,
               dtype: torch.dtype = torch.float32, channels: int = 3, seed: int = 0,
-              threads: int | None = None) -> list[dict[str, Any]]:
+              threads: int | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Images per second of the loop and batched versions, with the same params (sampling excluded).
 
     Timed with :func:`dlo.measure.bench.measure_interleaved` (synchronised, warmed up until steady, or ``warmup``
@@ -36,15 +36,19 @@ def benchmark(batch_size: int = 256, image_size: int = 32, device: torch.device 
     are busy with other work, one thread can be faster for these small memory-bound operations: a
     multi-threaded operation waits for its slowest thread, and a thread waiting for a busy core waits
     for the scheduler (milliseconds).
+
+    ``progress`` shows one bar per (kind, device) while it is timed (calls counted, warm-up included): a text
+    line at least every 15 s under ``dlo run``, a tqdm bar in Jupyter.
     """
 
     with torch_threads(threads):
         return _benchmark(batch_size, image_size, pick_device(device if device is not None else "auto"), repeats,
-                          kinds, warmup=warmup, dtype=dtype, channels=channels, seed=seed)
+                          kinds, warmup=warmup, dtype=dtype, channels=channels, seed=seed, progress=progress)
 
 
 def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int | None, kinds: Sequence[str], *,
-               warmup: int | None, dtype: torch.dtype, channels: int, seed: int) -> list[dict[str, Any]]:
+               warmup: int | None, dtype: torch.dtype, channels: int, seed: int,
+               progress: bool = False) -> list[dict[str, Any]]:
 
     if repeats is None:
         repeats = 50 if dev.type == "cuda" else 20
@@ -65,7 +69,7 @@ def _benchmark(batch_size: int, image_size: int, dev: torch.device, repeats: int
                                   for impl, fn in (("loop", loop), ("batched", batched))},
                                  items_per_call=batch_size, warmup=Warmup() if warmup is None else warmup,
                                  repeats=repeats, device=dev,
-                                 track_memory=False, progress=False)
+                                 track_memory=False, progress=progress)
         base = None
         for impl, m in zip(("loop", "batched"), ms.values()):
             base = m.throughput if base is None else base
