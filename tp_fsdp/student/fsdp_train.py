@@ -247,7 +247,8 @@ def build(args, ctx, device, cfg):
     """The wrapped model, its optimizer and, for DeepSpeed, the engine."""
     if args.offload and args.strategy != "fsdp":
         raise ValueError(f"--offload is an FSDP option, not one of {args.strategy}")
-    offload = offload_policy(device, args.offload) if args.strategy == "fsdp" else None  # errors before any work
+    # errors before any work; only the runs that offload need exercise 5 written
+    offload = offload_policy(device, True) if args.offload and args.strategy == "fsdp" else None
     if args.prefetch != "default" and (args.strategy != "fsdp" or args.compute_only):
         raise ValueError(f"--prefetch {args.prefetch} schedules FSDP's all-gathers: use it with --strategy fsdp only")
     if args.compute_only and (args.offload or args.resume_check or args.strategy.startswith("zero")):
@@ -269,7 +270,8 @@ def build(args, ctx, device, cfg):
         if args.precision != "fp32":
             raise ValueError("this script runs DDP in fp32 only (the baseline); use --strategy fsdp for bf16")
     elif args.strategy == "fsdp":
-        model = apply_fsdp(model, mp_policy=mixed_precision_policy(args.precision),
+        mp_policy = None if args.precision == "fp32" else mixed_precision_policy(args.precision)  # fp32: no exercise 2
+        model = apply_fsdp(model, mp_policy=mp_policy,
                            reshard_after_forward=not args.no_reshard, offload=offload)
         ref.set_prefetch(model, args.prefetch, depth=args.prefetch_depth)
     optimizer = ref.build_optimizer(model.parameters(), lr=args.lr, impl=args.optimizer_impl)

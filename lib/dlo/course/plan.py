@@ -41,7 +41,7 @@ PLAN: list[Entry] = [
     Entry("Jour3/recipes.ipynb", 3, True, 50, "training recipes: resizing, smoothing, EMA, TTA"),
     Entry("Jour3/transfer.ipynb", 3, False, 40, "transfer learning: frozen backbone vs fine-tuning"),
     Entry("Jour4/llm_memory.ipynb", 4, True, 30, "where an LLM's memory goes, and what fits"),
-    Entry("tp_fsdp/fsdp.ipynb", 4, True, 80, "sharding a Llama with FSDP2"),
+    Entry("tp_fsdp/fsdp.ipynb", 4, True, 60, "sharding a Llama with FSDP2"),
     Entry("tp_pipeline/pipeline.ipynb", 4, True, 60, "pipeline parallelism: GPipe, 1F1B, the bubble"),
     Entry("tp_tensor_parallel/tensor_parallel.ipynb", 4, False, 120, "tensor parallelism written by hand"),
     Entry("tp_tensor_parallel/attention.ipynb", 4, False, 50, "attention kernels: SDPA backends, memory"),
