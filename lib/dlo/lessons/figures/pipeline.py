@@ -24,7 +24,8 @@ from dlo.parallel.pipeline import analysis as sim
 TARGETS = ("naive", "afab", "1f1b", "interleaved", "zb-h1")
 NAMES = {"naive": "naive (one batch)", "afab": "GPipe / AFAB", "1f1b": "1F1B", "interleaved": "interleaved 1F1B",
          "zb-h1": "ZB-H1"}
-COLOURS = {"F": PALETTE["forward"], "B": PALETTE["backward"], "W": PALETTE["communication"]}
+#: The colours of the measured Gantt charts (dlo.parallel.pipeline.gantt), so that a target and a run read alike.
+COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452"}
 ROW = 1.0  # data units between two stages' rows
 
 
