@@ -2,6 +2,7 @@
 drawn shard has the shape of that rank's weight, and "f" and "g" sit where the layers put their all-reduces."""
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from torch import nn
@@ -12,6 +13,12 @@ from dlo.parallel import comm
 from dlo.parallel.tensor import layers
 
 SIZES = [(10, 12, 7), (9, 24, 5)]  # d_in, hidden, d_out: all distinct, hidden divisible by 2, 3 and 4
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
 
 
 def _tags(fig, kind):

@@ -659,9 +659,10 @@ def _compare(args, cfg, model, tp_group, dp_group, dp_rank, dp, impl, device) ->
 
         grads = dtensor_full_tensors(model, grads=True)
     else:
-        average_gradients(model, dp_group)
+        if dp > 1:
+            average_gradients(model, dp_group)
         grads = full_tensors(model, tp_group, grads=True)
-    loss_all = all_reduce(loss.detach(), dp_group, phase="metrics") / dp
+    loss_all = loss.detach() if dp == 1 else all_reduce(loss.detach(), dp_group, phase="metrics") / dp
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
     model.zero_grad(set_to_none=True)
     return {"loss": float((loss_all - ref_loss.detach()).abs()),
@@ -670,14 +671,27 @@ def _compare(args, cfg, model, tp_group, dp_group, dp_rank, dp, impl, device) ->
                             for n in ref_grads)}
 
 
+def _loader(dataset, dp_rank: int, dp: int, batch: int):
+    """The data of one replica: yours (balise 11) with TP x DP; with one replica, the same sampler, given."""
+    if dp > 1:
+        return dp_loader(dataset, dp_rank, dp, batch)
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    return DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True), sampler
+
+
 def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
     tp, dp = (int(v) for v in layout.lower().split("x"))
     world = dist.get_world_size() if dist.is_initialized() else 1
-    dp_group_ranks(world, tp, dp)  # a clear error before anything else
     if impl == "dtensor" and dp != 1:
         raise ValueError(f"--impls dtensor runs pure TP only (dp = 1); got layout {layout}")
-    tp_group = make_tp_group(tp) if dist.is_initialized() else None
-    dp_group = make_dp_group(tp, dp) if dist.is_initialized() else None
+    if dp == 1:  # pure TP: every process in one TP group, one replica; balises 9 to 11 are for TP x DP
+        if tp != world:
+            raise ValueError(f"layout {layout}: tp × dp must equal the world size {world}")
+        tp_group, dp_group = (dist.group.WORLD if dist.is_initialized() else None), None
+    else:
+        dp_group_ranks(world, tp, dp)  # a clear error before anything else
+        tp_group = make_tp_group(tp) if dist.is_initialized() else None
+        dp_group = make_dp_group(tp, dp) if dist.is_initialized() else None
     rank = dist.get_rank() if dist.is_initialized() else 0
     tp_rank, dp_rank = rank % tp, rank // tp
     cfg = TransformerConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
@@ -700,8 +714,8 @@ def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     if args.global_batch % dp:
         raise ValueError(f"--global-batch {args.global_batch} is not divisible by dp={dp}")
-    loader, sampler = dp_loader(_dataset(args.n_train, args.seq, cfg.vocab_size, seed=0), dp_rank, dp,
-                                args.global_batch // dp)
+    loader, sampler = _loader(_dataset(args.n_train, args.seq, cfg.vocab_size, seed=0), dp_rank, dp,
+                              args.global_batch // dp)
 
     def batches():
         epoch = 0
@@ -721,7 +735,7 @@ def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
             t0 = time.perf_counter()
             loss = model.loss(x, y) if impl == "dtensor" else model.loss(x, y, vocab_parallel=not args.gathered_loss)
             loss.backward()
-            if impl == "scratch":
+            if impl == "scratch" and dp > 1:
                 average_gradients(model, dp_group)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -736,8 +750,8 @@ def run_layout(args, layout: str, impl: str, ctx, device) -> dict:
     vx, vy = (t[dp_rank * per:(dp_rank + 1) * per].to(device) for t in val.tensors)
     with torch.no_grad():
         vloss = model.loss(vx, vy) if impl == "dtensor" else model.loss(vx, vy, vocab_parallel=not args.gathered_loss)
-    val_loss = reduce_over_dp(vloss.detach().float() * vy.numel(), torch.tensor(float(vy.numel()), device=device),
-                              dp_group)
+    val_loss = float(vloss) if dp == 1 else reduce_over_dp(vloss.detach().float() * vy.numel(),
+                                                             torch.tensor(float(vy.numel()), device=device), dp_group)
     timed = times[args.warmup:] or times
     record = {"kind": "layout", "layout": layout, "impl": impl, "tp": tp, "dp": dp, "tp_rank": tp_rank,
               "dp_rank": dp_rank, "device": str(device), "dtype": args.dtype, "step_s_median": statistics.median(timed),
