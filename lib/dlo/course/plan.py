@@ -45,7 +45,7 @@ PLAN: list[Entry] = [
     Entry("tp_pipeline/pipeline.ipynb", 4, True, 60, "pipeline parallelism: GPipe, 1F1B, the bubble"),
     Entry("tp_tensor_parallel/tensor_parallel.ipynb", 4, False, 120, "tensor parallelism written by hand"),
     Entry("tp_tensor_parallel/attention.ipynb", 4, False, 47, "attention kernels: SDPA backends, memory"),
-    Entry("tp_tensor_parallel/context_parallel.ipynb", 4, False, 60, "context parallelism: ring attention"),
+    Entry("tp_tensor_parallel/context_parallel.ipynb", 4, False, 40, "context parallelism: ring attention"),
     Entry("tp_fsdp/experts.ipynb", 4, False, 60, "mixture of experts and expert parallelism"),
     Entry("tp_pipeline/grid.ipynb", 4, False, 60, "PP x TP x DP on one grid of processes"),
     Entry("tp_fsdp/apis.ipynb", 4, False, 50, "the same training through Accelerate and Fabric"),

@@ -196,6 +196,12 @@ class _Accumulator:
 # ----------------------------------------------------------------------------------------------------
 # Ring attention
 # ----------------------------------------------------------------------------------------------------
+def ring_source(rank: int, step: int, cp: int) -> int:
+    """The rank whose K/V block ``rank`` holds at ring step ``step`` (0 .. cp-1): its own at step 0, then, as every
+    rank passes its block to ``rank + 1`` after each step, the block of ``rank - step``."""
+    return (rank - step) % cp
+
+
 def ring_schedule(cp: int) -> list[list[tuple[str, int]]]:
     """What rank 0 posts at each ring step, as ``[(kind, peer offset)]``; every rank does the same relative to
     itself: steps ``0..cp-2`` each post one batch ``[send to rank+1, receive from rank-1]`` (the K/V block
@@ -289,7 +295,7 @@ def _ring_forward(q, k, v, group, causal, layout, stats):
         if step < cp - 1:  # post the transfer of the next block, then compute on this one (overlap)
             nxt, reqs = ring.start(kv)
         kb, vb = _unpack(kv, [k, v])
-        acc.attend(kb, vb, rank_chunks((rank - step) % cp, cp, layout))
+        acc.attend(kb, vb, rank_chunks(ring_source(rank, step, cp), cp, layout))
         if nxt is not None:
             ring.wait(reqs)
             kv = nxt
@@ -337,7 +343,7 @@ class _RingAttention(torch.autograd.Function):
         blk = _pack(k, v, dk, dv)
         for step in range(cp):
             kb, vb, dkb, dvb = (t.clone() for t in _unpack(blk, [k, v, dk, dv]))
-            k_chunks = rank_chunks((rank - step) % cp, cp, ctx.layout)
+            k_chunks = rank_chunks(ring_source(rank, step, cp), cp, ctx.layout)
             kr, vr = repeat_kv(kb, heads), repeat_kv(vb, heads)
             dkr, dvr = torch.zeros_like(kr), torch.zeros_like(vr)
             for a, qa in enumerate(q_chunks):
@@ -407,7 +413,7 @@ def simulate_ring(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: int, *,
         rank_stats: dict[str, int] = {}
         acc = _Accumulator(shard(q, cp, rank, layout), rank_chunks(rank, cp, layout), causal, rank_stats)
         for step in range(cp):
-            src = (rank - step) % cp
+            src = ring_source(rank, step, cp)
             acc.attend(shard(k, cp, src, layout), shard(v, cp, src, layout), rank_chunks(src, cp, layout))
         outs.append(acc.result()[0])
         if stats is not None:
@@ -430,6 +436,6 @@ def kv_bytes_per_rank(seq_len: int, cp: int, *, batch: int = 1, heads: int = 32,
 
 __all__ = [
     "LAYOUTS", "num_chunks", "rank_chunks", "chunk_len", "shard_positions", "shard", "unshard", "causal_work",
-    "merge_partial", "block_attention", "block_kind", "repeat_kv", "ring_schedule", "RingOp", "ring_p2p_ops",
+    "merge_partial", "block_attention", "block_kind", "repeat_kv", "ring_source", "ring_schedule", "RingOp", "ring_p2p_ops",
     "ring_attention", "simulate_ring", "kv_bytes_per_rank",
 ]
