@@ -68,6 +68,9 @@ def _phases(events: list[dict[str, Any]]) -> str:
 def column_row_figure(d_in: int = 10, hidden: int = 12, d_out: int = 7, tp: int = 2) -> plt.Figure:
     """Column-parallel then row-parallel on ``tp`` ranks: each rank's weight shard (its shape as the layers built
     it), the activations between them, and "f"/"g" where the layers put their all-reduces."""
+    if len({d_in, hidden, d_out}) < 3:
+        raise ValueError(f"sizes {d_in}, {hidden}, {d_out}: give three different sizes, so that the shape of each "
+                         "collective's tensor says where it sits")
     ranks = tp_shards(d_in, hidden, d_out, tp)
     events = ranks[0]["collectives"]
     lane, top = 1.3, 1.6
