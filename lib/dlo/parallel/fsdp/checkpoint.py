@@ -5,21 +5,73 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+import dlo.parallel.fsdp.sharded_folders as folders
 
-def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer, step: int) -> Path:
-    """Each rank writes its own shards (``torch.distributed.checkpoint``): no rank ever holds the full model."""
+
+def save_sharded(path: str | os.PathLike, model: nn.Module, optimizer, step: int, *, keep: int = 1) -> Path:
+    """Each rank writes its own shards (``torch.distributed.checkpoint``): no rank ever holds the full model.
+
+    The save is whole or absent (:mod:`dlo.parallel.fsdp.sharded_folders`): the shards go to a new folder
+    ``<path>/.partial-step-<N>``, which becomes the checkpoint ``<path>/step-<N>`` only once every rank has
+    finished (a barrier, then rank 0's commit marker and one rename); the ``keep`` newest complete checkpoints are
+    kept, older ones removed after the commit. Every rank returns the committed folder, or raises the same one-line
+    error when the commit failed."""
+    import torch.distributed as dist
+
+    root = Path(path)
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    partial, target = folders.partial_folder(root, step), folders.step_folder(root, step)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # a save of this step that was killed before
+    _barrier(distributed)
+    _write_shards(partial, model, optimizer, step)
+    _barrier(distributed)  # every rank's shards are written (and fsynced) before anything is committed
+    error = None
+    if rank == 0:
+        try:
+            _commit(partial, target, step, world)
+            folders.prune(root, keep)
+        except Exception as exc:  # noqa: BLE001 - told to every rank below, in one line
+            error = f"sharded checkpoint {target} not committed: {' '.join(str(exc).split()) or type(exc).__name__}"
+    if distributed:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise RuntimeError(error)
+    return target
+
+
+def _barrier(distributed: bool) -> None:
+    if distributed:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _write_shards(folder: Path, model: nn.Module, optimizer, step: int) -> None:
+    """Every rank: its shards (and rank 0 the ``.metadata``) into ``folder``, each file fsynced."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "step": torch.tensor(step)}, checkpoint_id=str(path))
-    return Path(path)
+    dcp.save({"model": model_sd, "optim": optim_sd, "step": torch.tensor(step)},
+             storage_writer=FileSystemWriter(str(folder), sync_files=True))
+
+
+def _commit(partial: Path, target: Path, step: int, world: int) -> None:
+    """Rank 0, once every rank has written: the marker, then the rename (:func:`sharded_folders.commit`)."""
+    folders.commit(partial, target, step, world)
 
 
 # What the ``.metadata`` pickle of a torch.distributed.checkpoint save may name (found in real saves of torch 2.11 and
@@ -63,6 +115,8 @@ def read_sharded_metadata(path: str | os.PathLike, *, file_name: str = ".metadat
     from torch.distributed.checkpoint.metadata import Metadata
 
     file = Path(path) / file_name
+    if file.is_file() and not file.resolve().is_relative_to(Path(path).resolve()):
+        raise UnsafeCheckpoint(f"{file} is a link to a file outside the checkpoint folder: refused")
     if not file.is_file():
         raise FileNotFoundError(f"no sharded checkpoint at {path}: {file} does not exist (save one with save_sharded)")
     try:
@@ -75,10 +129,13 @@ def read_sharded_metadata(path: str | os.PathLike, *, file_name: str = ".metadat
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"{file} is not the metadata of a sharded checkpoint: it holds a "
                                f"{type(metadata).__name__}, not a Metadata")
+    inside = Path(path).resolve()
     for info in (metadata.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
         if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
             raise UnsafeCheckpoint(f"{file} points outside its folder ({name!r}): refused")
+        if not (Path(path) / name).resolve().is_relative_to(inside):
+            raise UnsafeCheckpoint(f"{Path(path) / name} is a link to a file outside the checkpoint folder: refused")
     return metadata
 
 
@@ -126,27 +183,50 @@ def _safe_load_planner():
     return SafeLoadPlanner()
 
 
-def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer) -> int:
-    """Load a :func:`save_sharded` checkpoint into an identically sharded model and optimizer; returns the step.
+def load_sharded(path: str | os.PathLike, model: nn.Module, optimizer, *, quiet: bool = False) -> int:
+    """Load the newest complete :func:`save_sharded` checkpoint of ``path`` into an identically sharded model and
+    optimizer; returns its step. Rank 0 says which folder it loads and which newer ones it left out (a save that
+    did not finish is never loaded); ``path`` may also be a folder ``dcp.save`` wrote directly.
 
     Nothing in the folder is run: its ``.metadata`` is checked first (:func:`read_sharded_metadata`, a one-line
-    :class:`UnsafeCheckpoint` if it names anything but checkpoint metadata), then read again by the same safe
-    reader inside ``dcp.load``, and the non-tensor values are loaded with ``weights_only=True``."""
+    :class:`UnsafeCheckpoint` if it names anything but checkpoint metadata or a file outside the folder, links
+    included), then read again by the same safe reader inside ``dcp.load``, and the non-tensor values are loaded
+    with ``weights_only=True``. A model of another shape is one line naming the first tensor that differs."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"no sharded checkpoint at {path}: save one first (save_sharded)")
-    read_sharded_metadata(path)  # every rank, before any collective: a refusal is one line, on every rank
+    choice = folders.newest_complete(path)
+    folder = choice.folder
+    metadata = read_sharded_metadata(folder)  # every rank, before any collective: a refusal is one line on each
+    rank0 = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if rank0 and not quiet and folder != Path(path):
+        print(choice.describe(), flush=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    _check_shapes(metadata, model_sd, folder)
     state = {"model": model_sd, "optim": optim_sd, "step": torch.tensor(0)}
     try:
-        dcp.load(state, storage_reader=_safe_dcp_reader(path), planner=_safe_load_planner())
+        dcp.load(state, storage_reader=_safe_dcp_reader(folder), planner=_safe_load_planner())
     except CheckpointException as exc:  # a BaseException: the ranks' tracebacks, many lines
         refused = [f[0] for f in exc.failures.values() if isinstance(f, tuple) and isinstance(f[0], UnsafeCheckpoint)]
         if refused:
-            raise UnsafeCheckpoint(f"sharded checkpoint {path}: {refused[0]}") from None
+            raise UnsafeCheckpoint(f"sharded checkpoint {folder}: {refused[0]}") from None
         raise
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return int(state["step"])
+
+
+def _check_shapes(metadata, model_sd: dict[str, Any], folder: Path) -> None:
+    """ValueError in one line for the first model tensor missing from the checkpoint or of another shape."""
+    saved = metadata.state_dict_metadata
+    for name, value in model_sd.items():
+        key = f"model.{name}"
+        if not isinstance(value, torch.Tensor):
+            continue
+        if key not in saved:
+            raise ValueError(f"sharded checkpoint {folder} has no {key}: load it into the model it was saved from")
+        size = getattr(saved[key], "size", None)
+        if size is not None and tuple(size) != tuple(value.shape):
+            raise ValueError(f"sharded checkpoint {folder}: {key} is {tuple(size)} there and {tuple(value.shape)} in "
+                             f"this model: load it into the model it was saved from")
