@@ -36,7 +36,7 @@ PLAN: list[Entry] = [
     Entry("Jour2/ddp.ipynb", 2, True, 85, "collectives, then data parallelism with DDP"),
     Entry("Jour2/augment.ipynb", 2, True, 45, "augmentation on the GPU: RandAugment, batched MixUp/CutMix"),
     Entry("Jour2/dp_scratch.ipynb", 2, False, 120, "DDP written by hand: all-reduce, overlap, buckets"),
-    Entry("Jour3/optimizers.ipynb", 3, True, 70, "large batches: schedules, warm-up, LAMB/LARS, accumulation"),
+    Entry("Jour3/optimizers.ipynb", 3, True, 50, "large batches: schedules, warm-up, LAMB/LARS, accumulation"),
     Entry("Jour3/jit.ipynb", 3, True, 40, "compilation: torch.compile, export, graph breaks"),
     Entry("Jour3/recipes.ipynb", 3, True, 50, "training recipes: resizing, smoothing, EMA, TTA"),
     Entry("Jour3/transfer.ipynb", 3, False, 40, "transfer learning: frozen backbone vs fine-tuning"),
