@@ -357,3 +357,22 @@ def resolved_config(api: str, strategy: str, model: nn.Module, handle: Any = Non
 def dump(record: Mapping[str, Any]) -> str:
     """A record as one JSON line (for printing a resolved config)."""
     return json.dumps(record, default=str)
+
+
+def runs_plot(table: Any, path: str | Path | None = None) -> Any:
+    """Each run's step time (median, interquartile range) and the parameter bytes each rank holds, from
+    :func:`runs_table`'s rows as a DataFrame indexed by run."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    y = range(len(table))
+    ax1.barh(y, table["step_ms"], xerr=[table["step_ms"] - table["step_q25_ms"],
+                                         table["step_q75_ms"] - table["step_ms"]], color="tab:blue", alpha=0.7)
+    ax1.set(yticks=list(y), yticklabels=table.index, xlabel="ms per step (median, IQR)", title="step time")
+    ax2.barh(y, table["param_bytes_per_rank"] / 1e3, color="tab:green", alpha=0.7)
+    ax2.set(yticks=list(y), yticklabels=[""] * len(table), xlabel="kB of parameters per rank",
+            title="parameters held")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
