@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import argparse
 
-from dlo.runtime.arguments import ScriptParser, at_least, positive_number
+from dlo.runtime.arguments import ScriptParser, at_least, comma_list_among, positive_number
 from dlo.runtime.context import dist_context
+
+#: The hand-written versions a launch may time (``--versions``); DDP and the compute-only step are always timed.
+VERSIONS = ("naive", "overlap", "buckets", "accumulate")
 
 
 def comma_list(item):
@@ -59,6 +62,8 @@ def build_parser() -> ScriptParser:
     p.add_argument("--gantt-bucket-mb", type=positive_number, default=1.0)
     p.add_argument("--drift-steps", type=at_least(1), default=3)
     p.add_argument("--lr", type=positive_number, default=0.01)
+    p.add_argument("--versions", type=comma_list_among(VERSIONS, "version"), default=list(VERSIONS),
+                   help="the hand-written versions to time, e.g. naive,overlap (a launch right after those steps)")
     return p
 
 
@@ -422,15 +427,17 @@ def candidates(args, ctx, device: torch.device) -> list[bench.Candidate]:
     batches = make_batches(args, 4, device, seed=3000 + ctx.rank)
     micro = [make_batches(args, args.accum, device, seed=4000 + 10 * ctx.rank + j) for j in range(2)]
     out = []
-    configs = [("compute only", None), ("naive", None), ("overlap", None), ("DDP", None)]
-    configs += [("buckets", mb) for mb in args.bucket_mb] + [("DDP", mb) for mb in args.bucket_mb if mb != 25]
+    configs = [("compute only", None)] + [(v, None) for v in ("naive", "overlap") if v in args.versions] + [("DDP", None)]
+    if "buckets" in args.versions:
+        configs += [("buckets", mb) for mb in args.bucket_mb] + [("DDP", mb) for mb in args.bucket_mb if mb != 25]
     for version, mb in configs:
         model, sync, opt = build(version, args, device, bucket_mb=mb)
         calls = itertools.cycle(batches)
         out.append(bench.Candidate(_name(version, mb),
                                    lambda m=model, s=sync, o=opt, c=calls: train_step(m, s, next(c), criterion, o),
                                    global_batch, device, {"version": version, "bucket_mb": mb}))
-    for version, mb in (("compute only", None), ("buckets", args.accum_bucket_mb), ("DDP", None)):
+    accumulated = (("compute only", None), ("buckets", args.accum_bucket_mb), ("DDP", None))
+    for version, mb in accumulated if "accumulate" in args.versions else ():
         model, sync, opt = build(version, args, device, bucket_mb=mb)
         calls = itertools.cycle(micro)
         out.append(bench.Candidate(f"accumulate {args.accum}: {_name(version, mb)}",
@@ -457,7 +464,7 @@ def main(argv=None) -> None:
                           "backend": dist.get_backend(),
                           "grad_bytes": sum(p.numel() * p.element_size() for p in params),
                           "plans": {str(mb): [[int(i) for i in b] for b in plan_buckets(params, int(mb * 2**20))]
-                                    for mb in args.bucket_mb},
+                                    for mb in args.bucket_mb} if "buckets" in args.versions else {},
                           "tensor_bytes": [p.numel() * p.element_size() for p in params]})
         gaps = drift(args, ctx, device)
         say(f"largest weight difference between ranks after {args.drift_steps} steps from different seeds: "
@@ -466,6 +473,8 @@ def main(argv=None) -> None:
             write_record({"kind": "drift", "steps": args.drift_steps, **gaps})
 
         for version, mb in (("naive", None), ("overlap", None), ("buckets", args.gantt_bucket_mb), ("DDP", None)):
+            if version != "DDP" and version not in args.versions:
+                continue
             write_record({"kind": "events", "version": _name(version, mb),
                           "events": gantt_events(version, args, ctx, device, mb)})
         say("events recorded for the Gantt charts")

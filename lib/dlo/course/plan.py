@@ -35,7 +35,7 @@ PLAN: list[Entry] = [
     Entry("Jour2/dataloader.ipynb", 2, True, 45, "feeding the GPU: DataLoader workers, pinning, prefetch"),
     Entry("Jour2/ddp.ipynb", 2, True, 85, "collectives, then data parallelism with DDP"),
     Entry("Jour2/augment.ipynb", 2, True, 45, "augmentation on the GPU: RandAugment, batched MixUp/CutMix"),
-    Entry("Jour2/dp_scratch.ipynb", 2, False, 120, "DDP written by hand: all-reduce, overlap, buckets"),
+    Entry("Jour2/dp_scratch.ipynb", 2, False, 105, "DDP written by hand: all-reduce, overlap, buckets"),
     Entry("Jour3/optimizers.ipynb", 3, True, 50, "large batches: schedules, warm-up, LAMB/LARS, accumulation"),
     Entry("Jour3/jit.ipynb", 3, True, 40, "compilation: torch.compile, export, graph breaks"),
     Entry("Jour3/recipes.ipynb", 3, True, 50, "training recipes: resizing, smoothing, EMA, TTA"),
