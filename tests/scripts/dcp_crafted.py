@@ -58,7 +58,7 @@ try:
     real = out / "real"
     model, opt = fresh(0)
     fsdp.train_steps(model, opt, fsdp.batches(dataset, 2, 0, 1), 2, track_memory=False)
-    fsdp.save_sharded(real, model, opt, step=2)
+    saved_folder = fsdp.save_sharded(real, model, opt, step=2)  # real/step-000000002, committed
     saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
     model, opt = fresh(123)  # other weights: the load must overwrite them
     step = fsdp.load_sharded(real, model, opt)
@@ -66,27 +66,27 @@ try:
                                                                for k, v in model.state_dict().items()),
                             "lr": opt.param_groups[0]["lr"], "betas": list(opt.param_groups[0]["betas"]),
                             "adam_steps": sorted({float(s["step"]) for s in opt.state.values()})}
-    metadata = pickle.loads((real / ".metadata").read_bytes())  # our own save, just written
+    metadata = pickle.loads((saved_folder / ".metadata").read_bytes())  # our own save, just written
 
     # 1. a .metadata whose pickle runs code
     crafted = out / "crafted"
-    shutil.copytree(real, crafted)
+    shutil.copytree(saved_folder, crafted)
     (crafted / ".metadata").write_bytes(pickle.dumps(WritesMarker(str(out / "marker-metadata"))))
     attempt("metadata", crafted)
 
     # 2. only metadata classes, but a shard outside the folder
     outside = out / "outside"
-    shutil.copytree(real, outside)
+    shutil.copytree(saved_folder, outside)
     key, info = next(iter(metadata.storage_data.items()))
     moved = dict(metadata.storage_data)
-    moved[key] = dataclasses.replace(info, relative_path="../real/" + info.relative_path)
+    moved[key] = dataclasses.replace(info, relative_path=f"../real/{saved_folder.name}/" + info.relative_path)
     with open(outside / ".metadata", "wb") as f:
         pickle.dump(dataclasses.replace(metadata, storage_data=moved), f)
     attempt("outside", outside)
 
     # 3. valid metadata, but the optimizer's lr (a non-tensor value, read with torch.load) runs code
     values = out / "values"
-    shutil.copytree(real, values)
+    shutil.copytree(saved_folder, values)
     torch.save(WritesMarker(str(out / "marker-values")), values / "evil.distcp")
     size = (values / "evil.distcp").stat().st_size
     lr = next(k for k in metadata.storage_data if k.fqn.endswith("param_groups.0.lr"))
