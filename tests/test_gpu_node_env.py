@@ -13,6 +13,8 @@ import math
 import runpy
 import sys
 
+import re
+
 import pytest
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -197,7 +199,49 @@ def test_a_json_run_cut_mid_line_keeps_what_it_logged_and_a_damaged_line_names_t
     assert list(table["status"]) == ["RUNNING"] and table.iloc[0]["train/loss"] == 1.5
     assert list(tracking.metric_history(tmp_path, "train/loss")["value"]) == [2.0, 1.5]
     path.write_text(lines[0] + "garbage\n" + "".join(lines[1:]))
-    with pytest.raises(ValueError, match="line 2 is not a JSON record") as exc:
-        tracking.runs_table(tmp_path)
-    assert str(path) in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.warns(tracking.BadRecord, match="line 2 is not a JSON record") as seen:
+        table = tracking.runs_table(tmp_path)
+    assert str(path) in str(seen[0].message) and "\n" not in str(seen[0].message)
+    assert table.iloc[0]["train/loss"] == 1.5 and list(table["status"]) == ["FINISHED"]  # the other records kept
+
+
+@pytest.mark.parametrize("bad_line, named", [
+    ('[1, 2]', "line 2 is a JSON list, not a record"),
+    ('{"step": "3", "time_ms": 1, "metrics": {"train/loss": 9.0}}', "line 2: field step is '3'"),
+    ('{"step": 3, "time_ms": 1, "metrics": [9.0]}', "line 2: field metrics is [9.0]"),
+    ('{"step": 3, "time_ms": 1, "metrics": {"train/loss": "9"}}', "line 2: metric train/loss is '9', not a number"),
+    ('{"time_ms": 1, "metrics": {"train/loss": 9.0}}', "line 2: no field step"),
+    ('{"status": 7}', "line 2: field status is 7"),
+])
+def test_a_json_record_of_the_wrong_shape_is_one_warning_and_every_other_row_is_kept(monkeypatch, tmp_path, bad_line,
+                                                                                     named):
+    _hide(monkeypatch, "mlflow")
+    monkeypatch.setattr(tracking, "_announced", set())
+    for name in ("a", "b"):
+        with tracking.Tracker(tmp_path, {"lr": 0.1}, run_name=name) as t:
+            t.log({"train/loss": 2.0}, 1)
+            t.log({"train/loss": 1.5}, 2)
+    path = sorted((tmp_path / tracking.JSON_STORE).glob("*.jsonl"))[0]
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + bad_line + "\n" + "".join(lines[1:]))
+    with pytest.warns(tracking.BadRecord, match=re.escape(named)):
+        table = tracking.runs_table(tmp_path)
+    assert sorted(table["run_name"]) == ["a", "b"] and list(table["train/loss"]) == [1.5, 1.5]
+    with pytest.warns(tracking.BadRecord):
+        hist = tracking.metric_history(tmp_path, "train/loss")
+    assert len(hist) == 4
+
+
+def test_a_run_whose_first_line_is_unusable_is_left_out_alone(monkeypatch, tmp_path):
+    _hide(monkeypatch, "mlflow")
+    monkeypatch.setattr(tracking, "_announced", set())
+    for name in ("a", "b"):
+        with tracking.Tracker(tmp_path, {"lr": 0.1}, run_name=name) as t:
+            t.log({"train/loss": 2.0}, 1)
+    path = sorted((tmp_path / tracking.JSON_STORE).glob("*.jsonl"))[0]
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text('{"run_id": 5, "run_name": "x"}\n' + "".join(lines[1:]))
+    with pytest.warns(tracking.BadRecord, match="the run's first line"):
+        table = tracking.runs_table(tmp_path)
+    assert len(table) == 1
 

@@ -28,6 +28,7 @@ import os
 import re
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -288,35 +289,85 @@ def _runs(tracking_dir: str | os.PathLike, experiment: str):
                 return client, runs
 
 
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    """The entries of one :class:`_JsonRun` file. A run killed while appending leaves a cut last line: it is left
-    out (what was logged before it is kept). A line that does not parse elsewhere is one ValueError naming the file."""
+class BadRecord(UserWarning):
+    """A record of the JSON-lines store that is left out (its file and field named); every other record is read."""
+
+
+def _bad(path: Path, what: str) -> None:
+    warnings.warn(f"{path}: {what}: left out, the other records are read", BadRecord, stacklevel=3)
+
+
+def _json_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, entry) of one :class:`_JsonRun` file. A run killed while appending leaves a cut last line: it is
+    left out silently (what was logged before it is kept); any other line that is not a JSON object is left out
+    with one :class:`BadRecord` warning naming the file and the line."""
     texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     entries = []
     for number, text in enumerate(texts, 1):
         try:
-            entries.append(json.loads(text))
+            entry = json.loads(text)
         except json.JSONDecodeError:
-            if number == len(texts):
-                break
-            raise ValueError(f"{path}: line {number} is not a JSON record ({text[:60]!r}): the file is damaged; "
-                             f"move it out of {path.parent} to read the other runs") from None
+            if number != len(texts):
+                _bad(path, f"line {number} is not a JSON record ({text[:60]!r})")
+            continue
+        if isinstance(entry, dict):
+            entries.append((number, entry))
+        else:
+            _bad(path, f"line {number} is a JSON {type(entry).__name__}, not a record")
     return entries
+
+
+#: The first line of a run file: field -> the types it may have.
+_HEAD = {"run_id": str, "run_name": str, "experiment": str, "start_ns": int, "params": dict}
+
+
+def _field_problem(entry: dict[str, Any], fields: dict[str, type | tuple[type, ...]]) -> str | None:
+    for name, kind in fields.items():
+        value = entry.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"field {name} is {value!r}" if name in entry else f"no field {name}"
+    return None
+
+
+def _history_entry(path: Path, number: int, entry: dict[str, Any], history: dict[str, list]) -> None:
+    """Adds one logged line's metrics to ``history``; a line of the wrong shape is one warning, left out."""
+    problem = _field_problem(entry, {"step": int, "time_ms": int, "metrics": dict})
+    if problem:
+        _bad(path, f"line {number}: {problem}")
+        return
+    for key, value in entry["metrics"].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _bad(path, f"line {number}: metric {key} is {value!r}, not a number")
+            continue
+        history.setdefault(key, []).append((entry["step"], entry["time_ms"], float(value)))
 
 
 def _json_runs(tracking_dir: str | os.PathLike, experiment: str) -> list[dict[str, Any]]:
     """The runs of :class:`_JsonRun` files, oldest first: ``run_id``, ``run_name``, ``status`` (RUNNING until closed),
-    ``params`` and ``history`` (metric -> [(step, time_ms, value)], in logging order)."""
+    ``params`` and ``history`` (metric -> [(step, time_ms, value)], in logging order). A record of the wrong shape
+    is left out with one warning naming the file and field; a run whose first line is unusable is left out whole."""
     runs = []
     for path in sorted((Path(tracking_dir).expanduser() / JSON_STORE).glob("*.jsonl")):
         lines = _json_lines(path)
-        if not lines or lines[0].get("experiment") != experiment:
+        if not lines:
             continue
-        head, history, status = lines[0], {}, "RUNNING"
-        for entry in lines[1:]:
-            status = entry.get("status", status)
-            for key, value in entry.get("metrics", {}).items():
-                history.setdefault(key, []).append((entry["step"], entry["time_ms"], value))
+        (number, head), rest = lines[0], lines[1:]
+        problem = _field_problem(head, _HEAD)
+        if problem:
+            _bad(path, f"line {number} (the run's first line): {problem}; the whole run")
+            continue
+        if head["experiment"] != experiment:
+            continue
+        history: dict[str, list] = {}
+        status = "RUNNING"
+        for number, entry in rest:
+            if "status" in entry:
+                if isinstance(entry["status"], str):
+                    status = entry["status"]
+                else:
+                    _bad(path, f"line {number}: field status is {entry['status']!r}")
+            else:
+                _history_entry(path, number, entry, history)
         runs.append({"run_id": head["run_id"], "run_name": head["run_name"], "start_ns": head["start_ns"],
                      "status": status, "params": head["params"], "history": history})
     return sorted(runs, key=lambda r: (r["start_ns"], r["run_id"]))
