@@ -94,6 +94,28 @@ def test_an_unreadable_record_is_one_line_naming_the_file_and_line(tmp_path, cap
     assert code == 2 and len(out) == 1 and str(path) in out[0] and "line 2" in out[0]
 
 
+@pytest.mark.parametrize("record, named", [
+    (b'[1, 2]', "a JSON list, not a record"),
+    (b'{"op_code": 99, "worker_id": "w"}', "op_code 99 is not an Optuna journal operation"),
+    (b'{"op_code": "4", "worker_id": "w"}', "op_code '4' is not an Optuna journal operation"),
+    (b'{"op_code": 4, "worker_id": 7}', "worker_id 7 is not a text"),
+    (b'{"op_code": 5, "worker_id": "w"}', "a record of the wrong shape"),
+    (b'{"op_code": 0, "worker_id": "w"}', "a record of the wrong shape"),
+])
+def test_a_valid_json_record_of_the_wrong_shape_is_one_line_naming_the_file(tmp_path, record, named):
+    """JSON that parses but is not an Optuna record of the right shape: one JournalCorrupt line naming the file
+    (and the line), not Optuna's TypeError / KeyError / 'Should not reach' from inside its replay."""
+    path = tmp_path / "journal.log"
+    _study_with_trials(path, 1)
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join([*lines, record + b"\n"]))
+    with pytest.raises(journal_module.JournalCorrupt) as err:
+        optuna.load_study(study_name="s", storage=hpo.journal_storage(path))
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and named in message, message
+    assert f"line {len(lines) + 1}" in message
+
+
 def _enospc_after(nbytes: int):
     """A writer that writes ``nbytes`` bytes of what it is given (part of a record), then finds the disk full."""
     budget = [nbytes]

@@ -87,8 +87,10 @@ class _SafeJournal:
 
     def _decode(self, line: bytes, number: int) -> dict[str, Any]:
         try:
-            return json.loads(line)
+            return self._shaped(json.loads(line), number)
         except ValueError as exc:
+            if isinstance(exc, JournalCorrupt):
+                raise
             why = getattr(exc, "msg", str(exc))
         start = line.rfind(_RECORD_START)
         if start > 0:  # a cut record followed by a whole one on the same line: the whole one
@@ -97,6 +99,20 @@ class _SafeJournal:
                 if isinstance(record, dict):
                     return record
         raise self._corrupt(number, why)
+
+    def _shaped(self, record: Any, number: int) -> dict[str, Any]:
+        """``record`` when it has the shape of an Optuna journal record (an object with an integer ``op_code`` of a
+        known operation and a text ``worker_id``), else :class:`JournalCorrupt` naming the line."""
+        if not isinstance(record, dict):
+            raise self._corrupt(number, f"a JSON {type(record).__name__}, not a record")
+        from optuna.storages.journal._storage import JournalOperation  # the operations Optuna's replay knows
+
+        op, worker = record.get("op_code"), record.get("worker_id")
+        if isinstance(op, bool) or not isinstance(op, int) or op not in {o.value for o in JournalOperation}:
+            raise self._corrupt(number, f"op_code {op!r} is not an Optuna journal operation")
+        if not isinstance(worker, str):
+            raise self._corrupt(number, f"worker_id {worker!r} is not a text")
+        return record
 
     def read_logs(self, log_number_from: int):
         offsets = self._log_number_offset
@@ -208,7 +224,29 @@ def journal_storage(path: str | os.PathLike, *, lock_grace_s: int = LOCK_GRACE_S
         raise JournalPathError(f"journal file {path} is not writable ({exc.strerror or exc}): {hint}") from None
     backend = _journal_backend_class()(str(path),
                                        lock_obj=JournalFileSymlinkLock(str(path), grace_period=lock_grace_s))
-    return JournalStorage(backend)
+    return _storage_class(JournalStorage)(backend)
+
+
+def _storage_class(base: type) -> type:
+    """Optuna's ``JournalStorage`` whose replay of the records says, in one :class:`JournalCorrupt` line naming the
+    file, that a record has the wrong shape (a field of the wrong type or missing), instead of Optuna's
+    ``TypeError`` / ``KeyError`` / ``AssertionError`` from deep inside the replay."""
+
+    class SafeJournalStorage(base):
+        def _sync_with_backend(self) -> None:
+            try:
+                super()._sync_with_backend()
+            except JournalCorrupt:
+                raise
+            except (TypeError, KeyError, AssertionError, AttributeError, IndexError, ValueError) as exc:
+                where = getattr(self._backend, "_file_path", "?")
+                number = self._replay_result.log_number_read
+                why = " ".join(str(exc).split()) or type(exc).__name__
+                raise JournalCorrupt(f"journal file {where} line {number}: a record of the wrong shape "
+                                     f"({type(exc).__name__}: {why}); it cannot be read as an Optuna record "
+                                     "(was it edited, or written by something else?)") from None
+
+    return SafeJournalStorage
 
 
 def fail_dead_trials(storage, study_name: str) -> list[int]:
