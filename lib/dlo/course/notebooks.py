@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -238,11 +239,25 @@ def _accepts(types: tuple[type, ...], value: Any) -> bool:
     return isinstance(value, types)
 
 
+def _finite(value: Any) -> bool:
+    """False for a float that is inf or NaN, also inside a list, tuple or dict."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
 def check_parameter_types(nb_path: str | Path, parameters: dict[str, Any]) -> None:
     """NotebookArgumentError, in one line naming the parameter, the expected type and the value, for the first
     value that its parameters cell says it cannot take (checked before a kernel starts, not minutes later)."""
     declared = parameter_types(nb_path)
     for name, value in parameters.items():
+        if not _finite(value):
+            raise NotebookArgumentError(f"parameter {name} of {Path(nb_path).name}: {value!r} is not a finite number "
+                                        f"(give a value such as 80 or 0.5)")
         types = declared.get(name)
         if types and not _accepts(types, value):
             expected = " or ".join("None" if t is type(None) else t.__name__ for t in types)
