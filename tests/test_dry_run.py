@@ -125,7 +125,7 @@ def test_a_real_run_refuses_a_bad_value_in_one_line_before_any_cell_runs(tmp_pat
     assert res.stdout == "" and not (tmp_path / "jour1.ipynb").exists()
 
 
-@pytest.mark.parametrize("value", ["1e999", "-1e999", "[1, 1e999]"])
+@pytest.mark.parametrize("value", ["1e999", "[1, 1e999]"])
 def test_a_non_finite_value_names_the_parameter(tmp_path, value):
     res = _dry_run("Jour4/llm_memory.ipynb", "--profile", "smoke", "--out-dir", str(tmp_path), "-p", "gpu_memory_gb", value)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
