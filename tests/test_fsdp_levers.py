@@ -352,3 +352,16 @@ def _load_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_an_accumulated_step_reduces_the_gradients_when_its_mode_says(tmp_path):
+    """accum_sync="last" holds the gradients until the last micro-batch (no reduce-scatter before it: the sharded
+    parameters have no gradient yet); "every" reduce-scatters after each micro-batch. The losses are the same either
+    way, so only what is reduced when can tell them apart (2 processes, 3 micro-batches)."""
+    script = Path(__file__).parent / "scripts" / "accum_sync_cases.py"
+    recs = launch_forked(script, [], nproc=2, timeout_s=300, env={"OMP_NUM_THREADS": "1"})
+    for rec in recs:
+        n = rec["params"]
+        expected = [0, 0, n] if rec["mode"] == "last" else [n, n, n]
+        assert rec["reduced_after_each"] == expected, (rec["rank"], rec["mode"], rec["reduced_after_each"])
+    assert sorted(r["mode"] for r in recs) == ["every", "every", "last", "last"]
