@@ -30,13 +30,13 @@ class Entry(NamedTuple):
 
 
 PLAN: list[Entry] = [
-    Entry("Jour1/jour1.ipynb", 1, True, 170, "one GPU: timing a step, the optimisation ladder, the profiler"),
+    Entry("Jour1/jour1.ipynb", 1, True, 90, "one GPU: timing a step, the optimisation ladder, the profiler"),
     Entry("Jour1/shapes.ipynb", 1, False, 35, "hardware-aware shapes: roofline, alignment, wave quantization"),
     Entry("Jour2/dataloader.ipynb", 2, True, 45, "feeding the GPU: DataLoader workers, pinning, prefetch"),
     Entry("Jour2/ddp.ipynb", 2, True, 85, "collectives, then data parallelism with DDP"),
     Entry("Jour2/augment.ipynb", 2, True, 45, "augmentation on the GPU: RandAugment, batched MixUp/CutMix"),
-    Entry("Jour2/dp_scratch.ipynb", 2, False, 105, "DDP written by hand: all-reduce, overlap, buckets"),
-    Entry("Jour3/optimizers.ipynb", 3, True, 50, "large batches: schedules, warm-up, LAMB/LARS, accumulation"),
+    Entry("Jour2/dp_scratch.ipynb", 2, False, 120, "DDP written by hand: all-reduce, overlap, buckets"),
+    Entry("Jour3/optimizers.ipynb", 3, True, 70, "large batches: schedules, warm-up, LAMB/LARS, accumulation"),
     Entry("Jour3/jit.ipynb", 3, True, 40, "compilation: torch.compile, export, graph breaks"),
     Entry("Jour3/recipes.ipynb", 3, True, 50, "training recipes: resizing, smoothing, EMA, TTA"),
     Entry("Jour3/transfer.ipynb", 3, False, 40, "transfer learning: frozen backbone vs fine-tuning"),
@@ -45,9 +45,9 @@ PLAN: list[Entry] = [
     Entry("tp_pipeline/pipeline.ipynb", 4, True, 60, "pipeline parallelism: GPipe, 1F1B, the bubble"),
     Entry("tp_tensor_parallel/tensor_parallel.ipynb", 4, False, 120, "tensor parallelism written by hand"),
     Entry("tp_tensor_parallel/attention.ipynb", 4, False, 47, "attention kernels: SDPA backends, memory"),
-    Entry("tp_tensor_parallel/context_parallel.ipynb", 4, False, 40, "context parallelism: ring attention"),
+    Entry("tp_tensor_parallel/context_parallel.ipynb", 4, False, 60, "context parallelism: ring attention"),
     Entry("tp_fsdp/experts.ipynb", 4, False, 60, "mixture of experts and expert parallelism"),
-    Entry("tp_pipeline/grid.ipynb", 4, False, 34, "PP x TP x DP on one grid of processes"),
+    Entry("tp_pipeline/grid.ipynb", 4, False, 60, "PP x TP x DP on one grid of processes"),
     Entry("tp_fsdp/apis.ipynb", 4, False, 50, "the same training through Accelerate and Fabric"),
     Entry("Jour4/hpo.ipynb", 4, False, 60, "hyper-parameter search: Optuna and Ray Tune"),
     Entry("Jour4/inference.ipynb", 4, False, 60, "inference: distillation, quantization, pruning, KV cache"),

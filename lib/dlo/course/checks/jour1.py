@@ -484,3 +484,5 @@ def _check_evaluate(evaluate_fast: Callable) -> str:
            f"correct predictions and divide by the number of images ({expected:.3f})")
     expect(isinstance(acc, float) and abs(acc - expected) < 1e-9, f"return the accuracy as a float ({expected:.3f} here), got {acc!r}")
     return "eval mode, no autograd graph, accuracy correct"
+
+import dlo.course.checks.jour1_timer  # noqa: E402,F401  (the step timer's checker, registered after the steps above)

@@ -99,6 +99,18 @@ HINTS: dict[tuple[str, str], Hint] = {
         shape="Switch the model to evaluation behaviour; then, with autograd off, for every batch count the images "
               "whose highest-scoring class is the label, and count the images; at the end, one division of the two "
               "totals, returned as a plain number."),
+    ("jour1", "timer"): _h(
+        "Time a training step honestly: a few untimed calls first, then each timed call measured alone, from an idle "
+        "device to the end of its work; return the seconds of each timed call.",
+        "A GPU runs asynchronously: a step returns as soon as its kernels are queued, so a clock read right after it "
+        "measures the launch, not the work. The clock may only start when nothing is left queued from earlier calls, "
+        "and only stop once the device has finished. The first calls pay one-off costs (allocation, autotuning, "
+        "compilation) that later calls do not: they run, but are not timed.",
+        "time.perf_counter() (seconds, a float) or time.perf_counter_ns() (integer nanoseconds); the sync function "
+        "you are given (torch.cuda.synchronize on a GPU, nothing on a CPU); a list of floats.",
+        shape="First the warm-up: the step called the given number of times, no clock. Then, once per timed call: "
+              "the device idle (wait for it), a clock reading, the step, wait for the device, a second reading; keep "
+              "the difference in seconds. Return the differences, one per timed call, in the order of the calls."),
     # Jour1 shapes
     ("shapes", "intensity"): _h(
         "Compute the arithmetic intensity (FLOPs per byte moved) of a matrix product, to place it on the roofline.",
