@@ -24,7 +24,10 @@ from dlo.runtime import paths
 ROOT = paths.ROOT
 #: Notebooks that state measured outcomes through conclude() and check them before saving results.json.
 CONCLUDING = ["Jour1/jour1.ipynb", "Jour1/shapes.ipynb", "Jour2/augment.ipynb", "Jour2/dataloader.ipynb", "Jour2/ddp.ipynb", "Jour3/recipes.ipynb",
-              "Jour3/transfer.ipynb", "Jour3/jit.ipynb", "tp_fsdp/fsdp.ipynb",
+              "Jour4/inference.ipynb",
+              "Jour2/dp_scratch.ipynb",
+              "tp_tensor_parallel/tensor_parallel.ipynb",
+              "Jour3/transfer.ipynb", "Jour3/jit.ipynb", "Jour3/optimizers.ipynb", "tp_fsdp/fsdp.ipynb",
               "tp_tensor_parallel/attention.ipynb", "tp_pipeline/grid.ipynb", "tp_fsdp/apis.ipynb", "tp_pipeline/pipeline.ipynb"]
 
 
