@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -166,6 +167,9 @@ def test_run_checks_parameter_types_before_starting_a_kernel(tmp_path):
 def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, as_unprivileged, read_only_folder):
     if out_dir == "not-writable":  # as 'nobody' when the tests run as root (root writes into read-only folders)
         out_dir = str(read_only_folder[0] / "out")
+        # 'nobody' reads the notebook from a folder it may enter, wherever the checkout lives (a clone in a folder
+        # only root may enter, as `mktemp -d` makes, is not readable by it)
+        notebook = shutil.copy(ROOT / "tests/fixtures/failing.ipynb", read_only_folder[1] / "failing.ipynb")
         # The forked child cannot read the interpreter's standard library as 'nobody': what the dry run imports
         # (torch, for the profile's device) must already be loaded here. `import dlo` no longer loads torch.
         import torch  # noqa: F401
@@ -178,7 +182,7 @@ def test_run_rejects_an_unusable_out_dir_in_one_line(out_dir, as_unprivileged, r
 
             err = io.StringIO()
             with contextlib.redirect_stderr(err):
-                rc = main(["run", str(ROOT / "tests/fixtures/failing.ipynb"), "--dry-run", "--out-dir", out_dir])
+                rc = main(["run", str(notebook), "--dry-run", "--out-dir", out_dir])
             return [rc, err.getvalue()]
 
         rc, err = as_unprivileged(in_process)
