@@ -49,7 +49,7 @@ PLAN: list[Entry] = [
     Entry("tp_fsdp/experts.ipynb", 4, False, 60, "mixture of experts and expert parallelism"),
     Entry("tp_pipeline/grid.ipynb", 4, False, 34, "PP x TP x DP on one grid of processes"),
     Entry("tp_fsdp/apis.ipynb", 4, False, 50, "the same training through Accelerate and Fabric"),
-    Entry("Jour4/hpo.ipynb", 4, False, 60, "hyper-parameter search: Optuna and Ray Tune"),
+    Entry("Jour4/hpo.ipynb", 4, False, 40, "hyper-parameter search: Optuna and Ray Tune"),
     Entry("Jour4/inference.ipynb", 4, False, 60, "inference: distillation, quantization, pruning, KV cache"),
     Entry("Jour4/cifar_race.ipynb", 4, False, 60, "the capstone: a race to 94 % on CIFAR-10"),
 ]
