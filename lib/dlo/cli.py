@@ -11,6 +11,9 @@
     dlo student [--check]                                             (re)generate the student notebooks
     dlo data [--data-dir DIR] [--generated]                           say which CIFAR-10 would be used
     dlo slurm TEMPLATE [options]                                      render an sbatch script
+    dlo report [--runs DIR ...] [--results DIR] [--out FILE]          one static HTML page of every notebook's
+                                              results, side by side per device, with the recorded GPU runs and
+                                              the cited references (default runs/report.html)
     dlo gpu-check [--dry-run] [--quick] [--only NAME ...] [--skip NAME ...]    every full-profile benchmark,
                                               judged against its target (results/gpu-check-<gpu>-<date>.json);
                                               --quick: every notebook's dry profile on the GPU too, in minutes
@@ -163,6 +166,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from dlo.course.report import build_report
+
+    print(build_report(runs=args.runs, results=args.results, out=args.out))
+    return 0
+
+
 def _cmd_gpu_check(args: argparse.Namespace) -> int:
     from dlo.course.gpu_check import failed, format_table, run_checks
 
@@ -184,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_exercises(sub)
     _add_data_and_gpu_check(sub)
+    _add_report(sub)
     _add_delegated(sub)
     return p
 
@@ -265,6 +276,19 @@ def _add_data_and_gpu_check(sub: Any) -> None:
     g.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                    help="with --quick: the whole run's time (default 450 s)")
     g.set_defaults(func=_cmd_gpu_check)
+
+
+def _add_report(sub: Any) -> None:
+    r = sub.add_parser("report", help="one static HTML page of every notebook's results, with the recorded GPU "
+                                      "runs and the cited references beside them")
+    r.add_argument("--runs", nargs="+", default=None, metavar="DIR",
+                   help="folders holding <notebook>/results.json and its figures (default runs/, or $DLO_RUNS_DIR); "
+                        "several: their runs side by side")
+    r.add_argument("--results", default=None, metavar="DIR",
+                   help="the recorded GPU runs: <notebook>-<gpu>-<date>.json and gpu-check-*.json (default results/)")
+    r.add_argument("--out", default=None, metavar="FILE",
+                   help="the page to write (default: report.html in the first --runs folder, runs/report.html)")
+    r.set_defaults(func=_cmd_report)
 
 
 def _add_delegated(sub: Any) -> None:
