@@ -2,8 +2,9 @@
 
 The rule's promise, checked on many seeds of a noisy machine (log-normal jitter, occasional slow calls, a slow
 drift shared by whatever runs at that time): on identical configurations it says "faster" in at most 2 % of the
-comparisons (its design bound is 1 %); a real 10 % gain is found within the cap of interleaved rounds in at least
-90 % of them; what stays unclear is "undecided", with no ratio, and a ladder never keeps it. Four no-op steps in a
+comparisons (its design bound is 1 %); a real 10 % gain is found within a cap of 40 interleaved rounds in at least
+90 % of them; a real 2 % gain (below the 3 % minimum effect, which the interval must clear) is called "faster" in at
+most 2 %; what stays unclear is "undecided", with no ratio, and a ladder never keeps it. Four no-op steps in a
 ladder keep one in at most about 5 % of ladders (the old rule: 34 % at 5 repeats).
 """
 from __future__ import annotations
@@ -55,13 +56,15 @@ def test_identical_configurations_are_called_faster_in_at_most_2_percent_of_comp
 
 
 def test_a_real_10_percent_gain_is_found_within_the_cap_and_the_rounds_stop_once_it_is_clear():
-    results = [compare(seed, 1.10) for seed in range(200)]
+    """The price of asking the whole interval to clear 3 %: at a cap of 30 rounds 166 of these 200 are found (83 %);
+    at 40, 182."""
+    results = [compare(seed, 1.10, max_repeats=40) for seed in range(200)]
     found = [d for d, _ in results if d.outcome == "faster"]
     assert len(found) >= 180  # misses <= 10 %
-    assert all(1.03 <= d.ratio <= 1.25 and d.low > 1 for d in found)
+    assert all(1.03 <= d.ratio <= 1.25 and d.low >= 1.03 for d in found)
     rounds = [len(ms["new"].times_s) for _, ms in results]
-    assert set(rounds) <= set(looks(5, 30)) and min(rounds) < 30  # stopped at a look, some before the cap
-    assert all(ms["new"].max_repeats == 30 and ms["new"].min_repeats == 5 for _, ms in results)
+    assert set(rounds) <= set(looks(5, 40)) and min(rounds) < 40  # stopped at a look, some before the cap
+    assert all(ms["new"].max_repeats == 40 and ms["new"].min_repeats == 5 for _, ms in results)
 
 
 def test_a_clear_2x_gain_stops_at_the_first_useful_look():
@@ -143,3 +146,81 @@ def test_the_ladder_checks_catch_a_tampered_row_and_headline():
     assert "says 'not faster beyond noise'" in verdicts.check_conclusions({**results, "ladder": rows})[0]
     rows[1]["decision"] = "undecided: not kept"  # a row the summary does not list as undecided
     assert any("undecided_steps is []" in p for p in verdicts.check_conclusions({**results, "ladder": rows}))
+
+
+# --------------------------------------------------------------------------------------------------
+# The interval at its exact rank, and the minimum effect applied to it
+# --------------------------------------------------------------------------------------------------
+
+def _brute_signed_rank_counts(n):
+    """How many of the 2**n sign patterns give each signed-rank sum T (ranks 1..n), by enumeration."""
+    counts = [0] * (n * (n + 1) // 2 + 1)
+    for signs in range(2 ** n):
+        counts[sum(r for r in range(1, n + 1) if signs >> (r - 1) & 1)] += 1
+    return counts
+
+
+def _expected_rank(n, alpha):
+    """The order statistic of the Walsh averages that bounds the (1 - 2 alpha) interval: the largest k with
+    P(T <= k - 1) <= alpha, T the exact signed-rank statistic (so that "lower bound > 0" is the exact one-sided test
+    at level alpha)."""
+    counts, acc, k = _brute_signed_rank_counts(n), 0, 0
+    for t, c in enumerate(counts):
+        acc += c
+        if acc / 2 ** n > alpha:
+            break
+        k = t + 1
+    return k
+
+
+@pytest.mark.parametrize("n, alpha", [(7, 0.01), (8, 0.01), (9, 0.0025), (10, 0.01), (12, 0.005), (12, 0.05),
+                                      (14, 0.01 / 3)])
+def test_the_interval_is_bounded_at_the_exact_order_statistic(n, alpha):
+    """The bounds decide() reports are the k-th smallest and k-th largest Walsh averages, k from the exact
+    signed-rank distribution (enumerated here, not from decide's own polynomial): one rank narrower or wider fails."""
+    k = _expected_rank(n, alpha)
+    rng = random.Random(n)
+    base = [1.0 + 0.1 * rng.random() for _ in range(n)]
+    logs = [rng.gauss(0.02, 0.03) for _ in range(n)]  # distinct per-round log-ratios
+    a = Measurement("a", [t * math.exp(-d) for t, d in zip(base, logs)], 1)
+    b = Measurement("b", base, 1)
+    d = decide(a, b, alpha=alpha, n_looks=1)
+    walsh = sorted((x + y) / 2 for i, x in enumerate(logs) for y in logs[i:])
+    assert k >= 1 and d.alpha == pytest.approx(alpha)
+    assert math.log(d.low) == pytest.approx(walsh[k - 1], abs=1e-9)
+    assert math.log(d.high) == pytest.approx(walsh[len(walsh) - k], abs=1e-9)
+    assert math.log(d.low) != pytest.approx(walsh[k], abs=1e-9)  # not one rank narrower
+
+
+def test_seven_rounds_that_agree_are_the_fewest_the_1_percent_interval_needs():
+    assert _expected_rank(6, 0.01) == 0 and _expected_rank(7, 0.01) == 1  # 2**-7 < 0.01 < 2**-6
+    a, b = Measurement("a", [0.5] * 6, 1), Measurement("b", [1.0] * 6, 1)
+    assert decide(a, b, n_looks=1).outcome == "undecided" and decide(a, b, n_looks=1).low is None
+
+
+def test_faster_needs_the_whole_interval_above_the_minimum_effect():
+    """4 % per round on average, but rounds spread so that the interval reaches below 1.03: not "faster" (the old rule,
+    on the point estimate, said "faster"); the same spread around 8 % clears it."""
+    spread = [-0.02, -0.01, -0.005, 0.0, 0.005, 0.01, 0.02, -0.015, 0.015, 0.0]
+    base = [1.0] * len(spread)
+
+    def at(gain):
+        return decide(Measurement("a", [math.exp(-math.log(gain) - s) for s in spread], 1),
+                      Measurement("b", base, 1), n_looks=1)
+
+    d = at(1.04)
+    assert d.low < 1.03 < d.high and d.outcome == "undecided"
+    d = at(1.08)
+    assert d.low >= 1.03 and d.outcome == "faster"
+    d = decide(Measurement("b", base, 1), Measurement("a", [math.exp(-math.log(1.08) - s) for s in spread], 1),
+               n_looks=1)
+    assert d.high <= 1 / 1.03 and d.outcome == "slower"
+
+
+def test_a_true_2_percent_gain_is_rarely_called_faster():
+    """300 seeded comparisons of a real 2 % gain on the busy machine, 10 to 40 interleaved rounds: "faster" in at most
+    2 % of them (the rule on the point estimate said "faster" in 14-17 %); a 10 % gain still is found."""
+    outcomes = [compare(seed, 1.02, repeats=10, max_repeats=40)[0].outcome for seed in range(300)]
+    rate = outcomes.count("faster") / len(outcomes)
+    print(f"true 2 % gain: 'faster' in {rate:.1%} of 300 comparisons")
+    assert rate <= 0.02 and outcomes.count("slower") == 0
