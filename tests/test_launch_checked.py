@@ -122,3 +122,23 @@ def test_tracebacks_true_streams_every_line(tmp_path, capsys):
         launch(script, nproc=2, timeout_s=300, records_dir=tmp_path / "rec", tracebacks=True)
     assert not isinstance(info.value, RanksFailed)
     assert "[rank1] Traceback (most recent call last):" in capsys.readouterr().out.splitlines()
+
+
+def test_a_check_called_from_a_script_without_a_main_guard_runs_once(tmp_path):
+    """A student's file that calls a multi-process check at its top level (no ``if __name__ == "__main__":``): the
+    ranks run only the checker's worker, not the student's file again (which would start the launch from every
+    rank and fail with an empty line)."""
+    import subprocess
+    import sys
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("from dlo.runtime import init_distributed, write_record, exit_after_success\n"
+                      "ctx = init_distributed(backend='gloo', device='cpu')\n"
+                      "write_record({'ok': True})\nexit_after_success()\n")
+    script = tmp_path / "student.py"
+    script.write_text("from dlo.course.checks.framework import peer_records\n"
+                      "print('top level ran')\n"
+                      f"print('ranks', len(peer_records({str(worker)!r}, [], 2, timeout_s=120)))\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.splitlines() == ["top level ran", "ranks 2"], res.stdout

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from dlo.runtime.launch_report import (LaunchError, _code_text, _first_failure, _fresh_notes, _last_meaningful,
                                        _read_lines, _without_own_prefix)
@@ -172,6 +172,26 @@ class _Outcome:
     before: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def _caller_not_rerun() -> Iterator[None]:
+    """While the ranks are started: multiprocessing would run the caller's script (``__main__``) again in each of
+    them before its target, so a script without an ``if __name__ == "__main__":`` guard (a student's file calling
+    ``check(...)``) would start its launch again from every rank. The ranks run only the worker script, so the
+    caller's main module is hidden from multiprocessing's preparation data, and restored after."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__.pop(k) for k in ("__file__",) if k in main.__dict__}
+    spec = getattr(main, "__spec__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        main.__spec__ = spec
+
+
 def _watch(procs: Sequence[Any], logs: Sequence[Path], timeout_s: float | None, echo: bool) -> _Outcome:
     """Start the ranks and wait for them: every one ends, or one fails (the others then get
     :data:`FORKED_GRACE_S` seconds), or ``timeout_s`` passes. Whatever happens, no rank is left running."""
@@ -181,8 +201,9 @@ def _watch(procs: Sequence[Any], logs: Sequence[Path], timeout_s: float | None, 
     first_failure_at, outcome = None, _Outcome({}, set(), {})
     tails = [_Tail(path, rank) for rank, path in enumerate(logs)] if echo else []
     try:
-        for proc in procs:
-            proc.start()
+        with _caller_not_rerun():
+            for proc in procs:
+                proc.start()
         while any(p.exitcode is None for p in procs):
             wait_for([p.sentinel for p in procs if p.exitcode is None], timeout=0.2)
             for rank, proc in enumerate(procs):
