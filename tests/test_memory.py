@@ -429,33 +429,54 @@ def test_mfu_arithmetic():
 
 
 def test_gpu_peaks_are_the_reference_figures():
-    assert {k: v.bf16_tflops for k, v in F.GPU_PEAKS.items()} == {"V100": 125, "A100": 312, "H100": 989, "H200": 989}
-    assert {k: v.hbm_tb_s for k, v in F.GPU_PEAKS.items()} == {"V100": 0.9, "A100": 2.0, "H100": 3.35, "H200": 4.8}
+    """The data sheets' dense 16-bit Tensor Core peaks (REFERENCES.md), one table."""
+    assert {k: v.bf16_tflops for k, v in F.GPU_PEAKS.items()} == {
+        "V100": 125, "A100": 312, "H100": 989, "H100 PCIe": 756, "H100 NVL": 835, "H200": 989, "H200 NVL": 835,
+        "GH200": 989, "L40S": 362}
+    assert {k: F.GPU_PEAKS[k].hbm_tb_s for k in ("V100", "A100", "H100", "H200")} == {
+        "V100": 0.9, "A100": 2.0, "H100": 3.35, "H200": 4.8}
     assert F.GPU_PEAKS["H100"].peak_flops == 989e12
 
 
-@pytest.mark.parametrize("name, key", [
-    ("NVIDIA H100 80GB HBM3", "H100"),
-    ("NVIDIA H100", "H100"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100-SXM4-40GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"),
-    ("Tesla V100-SXM2-32GB", "V100"),
-    ("Tesla V100-SXM2-16GB", "V100"),
-    ("NVIDIA H200", "H200"),
-    ("nvidia h200", "H200"),
-    ("NVIDIA H100 PCIe", None),      # lower clocks: another peak
-    ("NVIDIA H200 NVL", None),
-    ("NVIDIA GH200 480GB", None),    # not an H200
-    ("Tesla V100-PCIE-32GB", None),
-    ("cpu", None),
-    ("", None),
-    (None, None),
-    ("NVIDIA A10", None),
+@pytest.mark.parametrize("name, key, tflops", [
+    ("NVIDIA H100 80GB HBM3", "H100", 989),
+    ("NVIDIA H100", "H100", 989),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756),
+    ("NVIDIA H100 NVL", "H100 NVL", 835),
+    ("NVIDIA H200", "H200", 989),
+    ("nvidia h200", "H200", 989),
+    ("NVIDIA H200 NVL", "H200 NVL", 835),
+    ("NVIDIA GH200 480GB", "GH200", 989),       # a Grace Hopper, not an H200
+    ("NVIDIA A100-SXM4-80GB", "A100", 312),
+    ("NVIDIA A100-SXM4-40GB", "A100", 312),
+    ("NVIDIA A100-PCIE-40GB", "A100", 312),
+    ("NVIDIA A100 80GB PCIe", "A100", 312),
+    ("NVIDIA L40S", "L40S", 362),
+    ("Tesla V100-SXM2-32GB", "V100", 125),
+    ("Tesla V100-SXM2-16GB", "V100", 125),
+    ("Tesla V100-PCIE-32GB", None, None),       # another peak, not in the table
+    ("NVIDIA L40", None, None),                 # not an L40S
+    ("NVIDIA GeForce RTX 4090", None, None),
+    ("NVIDIA H800", None, None),
+    ("cpu", None, None),
+    ("", None, None),
+    (None, None, None),
+    ("NVIDIA A10", None, None),
 ])
-def test_gpu_peak_name_matching(name, key):
+def test_gpu_peak_name_matching(name, key, tflops):
     spec = F.gpu_peak(name)
-    assert (spec is F.GPU_PEAKS[key]) if key else spec is None
+    assert F.gpu_key(name) == key
+    assert (spec is F.GPU_PEAKS[key] and spec.bf16_tflops == tflops) if key else spec is None
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 4090", "NVIDIA H800"])
+def test_an_unknown_gpu_gives_no_mfu_and_says_so(name):
+    from dlo.parallel.fsdp.training import throughput
+
+    out = throughput(LLAMA_3_2_3B, 2048, 2, 1.0, "cpu", precision="bf16", gpu_name=name)
+    assert out["mfu"] is None and out["hfu"] is None and out["mfu_note"] == f"{F.UNKNOWN_GPU} ({name})"
+    known = throughput(LLAMA_3_2_3B, 2048, 2, 1.0, "cpu", precision="bf16", gpu_name="NVIDIA H100 NVL")
+    assert known["mfu"] > 0 and known["peak_flops"] == 835e12 and known["mfu_note"] is None
 
 
 @pytest.mark.parametrize("seq_len, share", [(128, 0.12), (2048, 0.11), (8192, 0.085), (131072, 0.015)])

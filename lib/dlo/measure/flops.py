@@ -163,41 +163,71 @@ class GpuSpec:
         return self.peak(self.dtype)
 
 
-#: Reference figures (vendor datasheets, dense, no sparsity), see REFERENCES.md (repository root); memory sizes
-#: are those of the listed variants (V100: 32 GB SXM2, a 16 GB one exists).
+#: The one table of device peaks (dense, no sparsity: the data sheets quote the 16-bit Tensor Core figure with 2:4
+#: sparsity, twice these), REFERENCES.md. Every figure is the vendor's data-sheet figure (NVIDIA's product data sheets:
+#: V100, A100, H100 SXM/PCIe/NVL, H200 SXM/NVL, GH200 Grace Hopper, L40S), halved where the sheet gives only the sparse
+#: one; none is measured here. The NVL boards and the PCIe H100 run at lower clocks and power than the SXM parts, hence
+#: their lower peaks; the GH200's GPU is an H100-class chip with the SXM's peak. The A100 40 GB and 80 GB, SXM4 and PCIe,
+#: share the 16-bit peak (312); the entry's memory and bandwidth are the SXM 80 GB's. Memory sizes are those of the
+#: listed variants (V100: 32 GB SXM2, a 16 GB one exists; GH200 480GB: 96 GB of HBM3 beside the CPU's LPDDR5X).
 GPU_PEAKS: dict[str, GpuSpec] = {
     "V100": GpuSpec("V100 SXM2", 125.0, None, 15.7, 32, 0.9, "fp16 Tensor Core (no bf16 on Volta)", dtype="fp16"),
     "A100": GpuSpec("A100 SXM 80 GB", 312.0, 156.0, 19.5, 80, 2.0),
     "H100": GpuSpec("H100 SXM", 989.0, 494.0, 67.0, 80, 3.35),
+    "H100 PCIe": GpuSpec("H100 PCIe", 756.0, 378.0, 51.0, 80, 2.0, "lower clocks and power than the SXM"),
+    "H100 NVL": GpuSpec("H100 NVL", 835.0, 418.0, 60.0, 94, 3.9, "lower clocks and power than the SXM"),
     "H200": GpuSpec("H200", 989.0, 494.0, 67.0, 141, 4.8, "same compute as the H100 SXM, more and faster HBM"),
+    "H200 NVL": GpuSpec("H200 NVL", 835.0, 418.0, 60.0, 141, 4.8, "lower clocks and power than the SXM"),
+    "GH200": GpuSpec("GH200", 989.0, 494.0, 67.0, 96, 4.0, "Grace Hopper: an H100-class GPU beside a Grace CPU"),
+    "L40S": GpuSpec("L40S", 362.0, 183.0, 91.6, 48, 0.864, "Ada, GDDR6"),
 }
 
-# Variants whose peak differs from the table's (PCIe / NVL boards run at lower clocks and power), and
-# the GH200 superchip (an H100-class GPU, not an H200): not matched rather than matched wrongly.
-_EXCLUDED = re.compile(r"PCIE|NVL|\bGH200\b", re.IGNORECASE)
+#: How a device name (``torch.cuda.get_device_name()``) picks its entry: the first pattern that matches, in this
+#: order (the GH200 before the H200 it contains; a board's NVL/PCIe variant before its plain name). A name no pattern
+#: matches (another GPU, the V100 PCIe with its own peak) has no entry: no MFU rather than a wrong one.
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("GH200", r"(?<![A-Z0-9])GH200(?![0-9])"),
+    ("H200 NVL", r"(?<![A-Z0-9])H200(?![0-9]).*\bNVL\b"),
+    ("H200", r"(?<![A-Z0-9])H200(?![0-9])"),
+    ("H100 NVL", r"(?<![A-Z0-9])H100(?![0-9]).*\bNVL\b"),
+    ("H100 PCIe", r"(?<![A-Z0-9])H100(?![0-9]).*PCIE"),
+    ("H100", r"(?<![A-Z0-9])H100(?![0-9])"),
+    ("A100", r"(?<![A-Z0-9])A100(?![0-9])"),
+    ("L40S", r"(?<![A-Z0-9])L40S(?![A-Z0-9])"),
+    ("V100", r"(?<![A-Z0-9])V100(?![0-9])(?!.*PCIE)"),
+)
+
+#: What a run says where the device has no entry in :data:`GPU_PEAKS`.
+UNKNOWN_GPU = "unknown GPU: no MFU"
+
+
+def gpu_key(name: str | None) -> str | None:
+    """The :data:`GPU_PEAKS` key of a device name as ``torch.cuda.get_device_name()`` reports it ("NVIDIA H100 80GB
+    HBM3" -> "H100", "NVIDIA H100 PCIe" -> "H100 PCIe", "NVIDIA GH200 480GB" -> "GH200", "NVIDIA L40S" -> "L40S"),
+    None for a name that matches no entry."""
+    if not name:
+        return None
+    upper = name.upper()
+    return next((key for key, pattern in _NAME_PATTERNS if re.search(pattern, upper)), None)
 
 
 def gpu_peak(name: str | None, dtype: torch.dtype | str | None = None) -> GpuSpec | None:
-    """The table entry for a device name as ``torch.cuda.get_device_name()`` reports it, e.g.
-    "NVIDIA H100 80GB HBM3" → H100, "NVIDIA A100-SXM4-80GB" → A100, "Tesla V100-SXM2-32GB" → V100;
-    None when unknown (a CPU, another GPU) or for variants with another peak (H100/V100 PCIe, H200 NVL).
-    A100 PCIe boards have the A100 SXM's 16-bit peak and are matched.
+    """The table entry for a device name as ``torch.cuda.get_device_name()`` reports it (:func:`gpu_key`), e.g.
+    "NVIDIA H100 80GB HBM3" → H100 SXM, "NVIDIA H100 NVL" → H100 NVL, "NVIDIA A100-PCIE-40GB" → A100; None when
+    unknown (a CPU, another GPU: :data:`UNKNOWN_GPU`).
 
     With ``dtype`` (the precision the step computes in: ``torch.float32``, ``torch.bfloat16``, ``"tf32"``...)
     the entry's :attr:`~GpuSpec.peak_flops` is that precision's peak: an fp32 step on an H100 is measured
     against 67 TFLOP/s, not the 989 of bf16."""
-    if not name:
+    key = gpu_key(name)
+    if key is None:
         return None
-    for key, spec in GPU_PEAKS.items():
-        if re.search(rf"(?<![A-Z0-9]){key}(?![0-9])", name, re.IGNORECASE):
-            if key != "A100" and _EXCLUDED.search(name):
-                return None
-            if dtype is None:
-                return spec
-            precision = precision_name(dtype)
-            spec.peak(precision)  # a precision this GPU has no peak for is an error here, not later
-            return replace(spec, dtype=precision)
-    return None
+    spec = GPU_PEAKS[key]
+    if dtype is None:
+        return spec
+    precision = precision_name(dtype)
+    spec.peak(precision)  # a precision this GPU has no peak for is an error here, not later
+    return replace(spec, dtype=precision)
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float | GpuSpec,
@@ -231,4 +261,4 @@ def hfu(tokens_per_s: float, hardware_flops_per_token: float, peak_flops: float 
 
 
 __all__ = ["TERA", "flops_per_token", "layer_forward_flops_per_token", "hardware_flops_per_token", "hfu",
-           "precision_name", "GpuSpec", "GPU_PEAKS", "gpu_peak", "mfu"]
+           "precision_name", "GpuSpec", "GPU_PEAKS", "UNKNOWN_GPU", "gpu_key", "gpu_peak", "mfu"]

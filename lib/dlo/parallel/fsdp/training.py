@@ -16,7 +16,7 @@ from dlo.models.config import TransformerConfig
 from dlo.data.tokens import rank_loader
 from dlo.measure.bench import PeakMemory
 from dlo.runtime.device import synchronize
-from dlo.measure.flops import flops_per_token, gpu_peak, hardware_flops_per_token, hfu, mfu
+from dlo.measure.flops import UNKNOWN_GPU, flops_per_token, gpu_peak, hardware_flops_per_token, hfu, mfu
 from dlo.parallel.fsdp.wrap import PRECISIONS, recomputed_layers
 from dlo.parallel.fsdp.prefetch import train_step
 
@@ -99,7 +99,8 @@ def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_s
     ``precision``, one of :data:`PRECISIONS`): an fp32 run on an H100 is measured against 67 TFLOP/s, not
     the 989 of bf16, which would report an MFU 15x too low. ``gpu_name``: the name as
     ``torch.cuda.get_device_name`` reports it (default: read from ``device`` when it is a GPU). MFU and HFU
-    are None on a CPU or an unknown GPU (no reference peak)."""
+    are None on a CPU or an unknown GPU (no reference peak; ``mfu_note`` then says "unknown GPU: no MFU" and the
+    name)."""
 
     device = torch.device(device)
     tokens_per_s = global_batch * seq_len / median_step_s
@@ -113,7 +114,8 @@ def throughput(cfg: TransformerConfig, seq_len: int, global_batch: int, median_s
     peak = n_devices * spec.peak_flops if spec else None
     return {"tokens_per_s": tokens_per_s, "flops_per_token": fpt, "flops_per_token_no_head": fpt_no_head,
             "hardware_flops_per_token": hw_fpt, "mfu_counts": "6N + 12·L·H·S, N with the LM head (as torchtitan, Megatron-LM)",
-            "recomputed_layers": recomputed_layers, "gpu": spec.name if spec else None,
+            "recomputed_layers": recomputed_layers, "gpu": spec.name if spec else None, "gpu_name": gpu_name,
+            "mfu_note": None if spec else f"{UNKNOWN_GPU} ({gpu_name or device.type})",
             "peak_precision": peak_precision, "peak_flops": peak,
             "mfu": mfu(tokens_per_s, fpt, peak) if spec else None,
             "mfu_no_head": mfu(tokens_per_s, fpt_no_head, peak) if spec else None,
