@@ -173,3 +173,37 @@ def test_student_notebook_in_a_browser(lab):
         assert img.evaluate("(el) => el.complete && el.naturalWidth") > 100
         page.screenshot(path=str(SHOTS / "05-figure.png"))
         browser.close()
+
+
+def test_the_report_page_in_a_browser(tmp_path):
+    """`dlo report`'s page, opened from the disk (file://, no server): its headings, a run beside the recorded GPU
+    run and the reference, and an embedded figure that the browser decodes. Screenshot: runs/browser/report.png."""
+    import test_report as synthetic  # the synthetic runs/ and results/ of tests/test_report.py
+
+    runs, results = synthetic.make_tree(tmp_path)
+    from dlo.course.report import build_report
+
+    page_file = build_report([runs], results, tmp_path / "report.html", notebooks=synthetic.NOTEBOOKS)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, java_script_enabled=False)
+        page.goto(page_file.as_uri())
+        assert page.locator("h1").inner_text().startswith("Deep Learning Optimisé")
+        assert page.locator("h2").all_inner_texts()[:3] == ["Notebooks", "Day 1", "Day 2"]
+        in_plan_order = ["Jour1/jour1.ipynb", "Jour1/shapes.ipynb", "Jour2/ddp.ipynb", "Jour2/augment.ipynb"]
+        assert page.locator("section.notebook h3").all_inner_texts() == in_plan_order
+        jour1 = page.locator("#nb-Jour1-jour1-ipynb")
+        devices = jour1.locator("article .device").all_inner_texts()
+        assert devices[0] == "CPU (x86_64, 2 cores)" and "NVIDIA H100 80GB HBM3" in devices[1], devices
+        assert any(d.startswith("reference Reference, published, not measured here") for d in devices), devices
+        img = jour1.locator("figure img").first
+        img.scroll_into_view_if_needed()
+        size = img.evaluate("(el) => [el.complete, el.naturalWidth, el.naturalHeight]")
+        assert size == [True, 4, 3], size
+        problem = page.locator("#nb-Jour2-augment-ipynb .problem")
+        assert "not valid JSON" in problem.inner_text() and problem.inner_text().count("\n") == 0
+        jour1.evaluate("(el) => el.scrollIntoView()")  # the top of Jour 1's section: its runs side by side
+        page.screenshot(path=str(SHOTS / "report.png"))
+        page.screenshot(path=str(SHOTS / "report-full.png"), full_page=True)
+        browser.close()

@@ -69,6 +69,11 @@ def jour1(gpu: str | None, base_s: float, best_s: float) -> dict:
 
 @pytest.fixture
 def tree(tmp_path):
+    return make_tree(tmp_path)
+
+
+def make_tree(tmp_path: Path) -> tuple[Path, Path]:
+    """runs/ and results/ as described at the top (tests/test_browser.py opens their page in Chromium)."""
     runs, results = tmp_path / "runs", tmp_path / "results"
     (runs / "jour1").mkdir(parents=True)
     (runs / "jour1" / "results.json").write_text(json.dumps(jour1(None, 0.50, 0.25)))
