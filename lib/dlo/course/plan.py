@@ -31,7 +31,7 @@ class Entry(NamedTuple):
 
 PLAN: list[Entry] = [
     Entry("Jour1/jour1.ipynb", 1, True, 90, "one GPU: timing a step, the optimisation ladder, the profiler"),
-    Entry("Jour1/shapes.ipynb", 1, False, 35, "hardware-aware shapes: roofline, alignment, wave quantization"),
+    Entry("Jour1/shapes.ipynb", 1, True, 35, "hardware-aware shapes: roofline, alignment, wave quantization"),
     Entry("Jour2/dataloader.ipynb", 2, True, 45, "feeding the GPU: DataLoader workers, pinning, prefetch"),
     Entry("Jour2/ddp.ipynb", 2, True, 85, "collectives, then data parallelism with DDP"),
     Entry("Jour2/augment.ipynb", 2, True, 45, "augmentation on the GPU: RandAugment, batched MixUp/CutMix"),
