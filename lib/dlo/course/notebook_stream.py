@@ -99,8 +99,17 @@ class _Watchdog:
     def heard(self) -> None:
         self.last = time.monotonic()
 
+    def _due_in(self) -> float:
+        """Seconds to wait before looking again: until the silence reaches ``silence_s`` (so the line comes then,
+        not up to a second later: a log is never silent for longer), at most a second (a cell that printed since
+        moves the deadline)."""
+        poll = min(1.0, self.silence_s / 4)
+        if self.cell is None:  # no cell running: nothing is due
+            return poll
+        return max(0.01, min(poll, self.last + self.silence_s - time.monotonic()))
+
     def _run(self) -> None:
-        while not self._stop.wait(min(1.0, self.silence_s / 4)):
+        while not self._stop.wait(self._due_in()):
             with self._lock:
                 now = time.monotonic()
                 if self.cell is None or now - self.last < self.silence_s:
