@@ -259,11 +259,42 @@ def _check_route(route_tokens: Callable, where: str, probs: torch.Tensor, k: int
                           f"{float((weights.detach().double() - want_weights).abs().max()):.3g}")
     expect(weights.requires_grad and weights.grad_fn is not None,
            f"{where}: the weights do not depend on probs any more (detached or rebuilt): the router learns through them")
+    _check_route_gradient(weights, leaf, probs, want_index, where)
     if not torch.equal(keep, want_keep):
         for wrong, why in _keep_candidates(want_index, e, cap) if cap is not None else []:
             expect(not torch.equal(keep, wrong), f"{where}: {why}")
         raise CheckFailed(f"{where}: {int((keep != want_keep).sum())} decisions kept or dropped differently from the "
                           "stated rule")
+
+
+def _check_route_gradient(weights: torch.Tensor, leaf: torch.Tensor, probs: torch.Tensor, index: torch.Tensor,
+                          where: str) -> None:
+    """The router's gradient: the student's weights and the reference's, both pulled back from the same seeded
+    upstream gradient, must give the same gradient with respect to probs (values alone do not show a normaliser
+    computed without autograd: the same numbers, a gradient that misses the part through the sum)."""
+    upstream = torch.randn(weights.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    try:
+        (weights * upstream.to(weights.dtype)).sum().backward()
+    except RuntimeError as exc:
+        raise CheckFailed(f"{where}: backward through the weights failed: {str(exc).splitlines()[0][:160]}") from None
+    ref_leaf = probs.detach().double().clone().requires_grad_()
+    _, ref_weights, _ = top_k_routing(ref_leaf, index.shape[1])
+    (ref_weights * upstream).sum().backward()
+    want, got = ref_leaf.grad, leaf.grad
+    expect(got is not None, f"{where}: no gradient reached probs through the weights")
+    tol = 1e-9 if probs.dtype == torch.float64 else 1e-5  # float32: a few roundings of numbers of order 1
+    diff = float((got.double() - want).abs().max())
+    if diff <= tol:
+        return
+    top = probs.double().gather(1, index)
+    frozen = torch.zeros_like(want).scatter_(1, index, upstream / top.sum(-1, keepdim=True))  # the sum detached
+    expect(not torch.allclose(got.double(), frozen, rtol=0, atol=tol),
+           f"{where}: the weights' values are right but their gradient with respect to probs is not (max difference "
+           f"{diff:.3g}): the normaliser, the sum of a token's k probabilities, carries no gradient (detached, "
+           "computed under no_grad or from Python numbers); the router also learns through it")
+    raise CheckFailed(f"{where}: the weights' values are right but their gradient with respect to probs differs from "
+                      f"the renormalised top-k probabilities' by up to {diff:.3g} (an upstream gradient of seeded "
+                      "random numbers pulled back through both)")
 
 
 #: (where, tokens, experts, k, capacity, dtype, ties)
@@ -284,5 +315,5 @@ def _check_routing(route_tokens: Callable) -> str:
         for where, n, e, k, cap, dtype, ties in ROUTING_CASES:
             _check_route(route_tokens, f"{where}, seed {seed}", _routing_probs(g, n, e, dtype, ties), k, cap)
     return ("the k most probable experts in order, ties to the lower index, weights renormalised over the k choices "
-            "(differentiable), capacity by priority (first choices first, in token order): equal to the library's "
+            "(the same gradient with respect to probs), capacity by priority (first choices first, in token order): equal to the library's "
             "top_k_routing on odd sizes, k = 1 to 3, with ties")
