@@ -1,4 +1,5 @@
-"""copy_to_region's backward returns the local gradient: the input's gradient misses the other ranks' parts."""
+"""Family: values right, gradients wrong. copy_to_region's backward returns the local gradient: the input's gradient
+misses the other ranks' parts."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Swaps f and g: copy_to_region all-reduces in the forward (identity backward) and reduce_from_region is the
-identity forward (all-reduce backward)."""
+"""Family: conjugate collectives confused. Swaps f and g: copy_to_region all-reduces in the forward (identity backward)
+and reduce_from_region is the identity forward (all-reduce backward)."""
 import torch
 import torch.nn.functional as F
 from torch import nn

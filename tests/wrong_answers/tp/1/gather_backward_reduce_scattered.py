@@ -1,5 +1,6 @@
-"""Gives the all-gather a reduce-scatter backward (sum the ranks' gradients, keep this rank's slice), as in
-sequence parallelism: here every rank already holds the whole gradient, so the slice comes out tp times too large."""
+"""Family: conjugate collectives confused. Gives the all-gather a reduce-scatter backward (sum the ranks' gradients,
+keep this rank's slice), as in sequence parallelism: here every rank already holds the whole gradient, so the slice
+comes out tp times too large."""
 import torch
 import torch.nn.functional as F
 from torch import nn

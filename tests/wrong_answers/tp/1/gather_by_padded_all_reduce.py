@@ -1,5 +1,5 @@
-"""Gathers by writing this rank's slice into zeros of the full width and all-reducing: the right values, but
-an all-reduce of the whole tensor where one all-gather belongs."""
+"""Family: right numbers, wrong traffic. Gathers by writing this rank's slice into zeros of the full width and
+all-reducing: the right values, but an all-reduce of the whole tensor where one all-gather belongs."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Calls the collectives without the group: they run over every process (the WORLD), not over the TP group."""
+"""Family: wrong group. Calls the collectives without the group: they run over every process (the WORLD), not over the
+TP group."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Gives g an all-reduce in the backward too (as if every collective needed one both ways): each partial's
-gradient becomes tp times too large."""
+"""Family: conjugate collectives confused. Gives g an all-reduce in the backward too (as if every collective needed one
+both ways): each partial's gradient becomes tp times too large."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Builds the DP groups contiguous, like the TP groups: a DP group then holds ranks of one TP group."""
+"""Family: wrong shard. Builds the DP groups contiguous, like the TP groups: a DP group then holds ranks of one TP
+group."""
 import torch
 import torch.nn.functional as F
 from torch import nn

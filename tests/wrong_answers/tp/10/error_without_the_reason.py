@@ -1,4 +1,4 @@
-"""Raises ValueError('bad sizes'): the message does not say tp x dp must equal the world size."""
+"""Family: refusal missing. Raises ValueError('bad sizes'): the message does not say tp x dp must equal the world size."""
 import torch
 import torch.nn.functional as F
 from torch import nn

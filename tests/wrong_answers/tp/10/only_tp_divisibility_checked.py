@@ -1,5 +1,5 @@
-"""Checks only that tp divides the world size: tp=2, dp=3 on 4 processes builds groups with missing ranks
-instead of failing."""
+"""Family: refusal missing. Checks only that tp divides the world size: tp=2, dp=3 on 4 processes builds groups with
+missing ranks instead of failing."""
 import torch
 import torch.nn.functional as F
 from torch import nn

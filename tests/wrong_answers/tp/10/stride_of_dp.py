@@ -1,4 +1,5 @@
-"""Strides the DP groups by dp instead of tp: the same at 2 x 2, wrong as soon as tp != dp."""
+"""Family: sizes that coincide. Strides the DP groups by dp instead of tp: the same at 2 x 2, wrong as soon as tp !=
+dp."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Calls dp_group_ranks(world, dp, tp) in make_dp_group: the same at 2 x 2, wrong at 4 x 1 or 1 x 4."""
+"""Family: sizes that coincide. Calls dp_group_ranks(world, dp, tp) in make_dp_group: the same at 2 x 2, wrong at 4 x 1
+or 1 x 4."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

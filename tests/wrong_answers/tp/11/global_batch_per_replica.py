@@ -1,5 +1,5 @@
-"""Gives each DP replica's DataLoader batch_per_replica * dp_size sequences (the global batch): every step then
-reads dp times too many."""
+"""Family: wrong shard. Gives each DP replica's DataLoader batch_per_replica * dp_size sequences (the global batch):
+every step then reads dp times too many."""
 import torch
 import torch.nn.functional as F
 from torch import nn

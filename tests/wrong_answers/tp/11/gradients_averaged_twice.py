@@ -1,4 +1,5 @@
-"""Divides by the DP size before the all-reduce and again after it: the mean gradient divided by dp."""
+"""Family: sum or mean. Divides by the DP size before the all-reduce and again after it: the mean gradient divided by
+dp."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""All-reduces the gradients without the group (over every process) and divides by the DP size: the TP ranks'
-different slices get added together."""
+"""Family: wrong group. All-reduces the gradients without the group (over every process) and divides by the DP size:
+the TP ranks' different slices get added together."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,4 @@
-"""Sums the gradients over the DP group without dividing by its size: dp times the mean gradient."""
+"""Family: sum or mean. Sums the gradients over the DP group without dividing by its size: dp times the mean gradient."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,4 @@
-"""Averages the replicas' mean losses: right only when every replica counted as many tokens."""
+"""Family: sum or mean. Averages the replicas' mean losses: right only when every replica counted as many tokens."""
 import torch
 import torch.nn.functional as F
 from torch import nn

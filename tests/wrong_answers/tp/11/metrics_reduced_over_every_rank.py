@@ -1,4 +1,5 @@
-"""reduce_over_dp sums over all ranks (no group): the TP ranks' identical numbers are counted tp times."""
+"""Family: wrong group. reduce_over_dp sums over all ranks (no group): the TP ranks' identical numbers are counted tp
+times."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,6 @@
-"""Keeps the all-reduce of plain TP and slices this rank's tokens after it: the numbers are right, but it moves the whole
-tensor to every rank (twice the bytes of a reduce-scatter) and holds it whole, the memory SP is meant to save."""
+"""Family: right numbers, wrong traffic. Keeps the all-reduce of plain TP and slices this rank's tokens after it: the
+numbers are right, but it moves the whole tensor to every rank (twice the bytes of a reduce-scatter) and holds it
+whole, the memory SP is meant to save."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Counts the backward collectives under phase "forward" (copied from the forward): the numbers are right, the
-per-phase count of the step is not."""
+"""Family: right numbers, wrong traffic. Counts the backward collectives under phase "forward" (copied from the
+forward): the numbers are right, the per-phase count of the step is not."""
 import torch
 import torch.nn.functional as F
 from torch import nn

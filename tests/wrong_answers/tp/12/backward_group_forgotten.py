@@ -1,5 +1,5 @@
-"""The sequence all-gather's backward forgets the group (ctx.group never used): its reduce-scatter runs over every
-process instead of the TP group."""
+"""Family: wrong group. The sequence all-gather's backward forgets the group (ctx.group never used): its reduce-scatter
+runs over every process instead of the TP group."""
 import torch
 
 from dlo.course.exercises import load_exercises

@@ -1,5 +1,6 @@
-"""The sequence all-gather's backward keeps this rank's chunk of its own gradient (like the backward of balise 1's
-gather), without summing the ranks' partial gradients: a reduce-scatter is needed."""
+"""Family: conjugate collectives confused. The sequence all-gather's backward keeps this rank's chunk of its own
+gradient (like the backward of balise 1's gather), without summing the ranks' partial gradients: a reduce-scatter is
+needed."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,6 +1,6 @@
-"""Builds the sequence all-gather from an all-reduce: each rank writes its tokens into a zero buffer of the whole
-sequence and the buffers are summed. The values are right, but the all-reduce moves twice the bytes of an
-all-gather, which is the saving SP keeps on the wire."""
+"""Family: right numbers, wrong traffic. Builds the sequence all-gather from an all-reduce: each rank writes its tokens
+into a zero buffer of the whole sequence and the buffers are summed. The values are right, but the all-reduce moves
+twice the bytes of an all-gather, which is the saving SP keeps on the wire."""
 import torch
 
 from dlo.course.exercises import load_exercises

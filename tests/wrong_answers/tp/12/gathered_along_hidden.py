@@ -1,4 +1,5 @@
-"""Gathers along the last dimension (hidden), as gather_from_region of balise 1 does, instead of the sequence."""
+"""Family: wrong shard. Gathers along the last dimension (hidden), as gather_from_region of balise 1 does, instead of
+the sequence."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Never passes the group to the collectives: with several TP groups, the all-gather collects every process's tokens."""
+"""Family: wrong group. Never passes the group to the collectives: with several TP groups, the all-gather collects
+every process's tokens."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Averages the partial outputs (divides the reduce-scatter by tp, as when averaging gradients) instead of summing them."""
+"""Family: sum or mean. Averages the partial outputs (divides the reduce-scatter by tp, as when averaging gradients)
+instead of summing them."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,6 @@
-"""The reduce-scatter's backward passes the gradient of this rank's tokens through unchanged (as g's backward does):
-the input covered the whole sequence, so its gradient must be all-gathered."""
+"""Family: conjugate collectives confused. The reduce-scatter's backward passes the gradient of this rank's tokens
+through unchanged (as g's backward does): the input covered the whole sequence, so its gradient must be
+all-gathered."""
 import torch
 import torch.nn.functional as F
 from torch import nn

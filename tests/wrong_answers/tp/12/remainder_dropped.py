@@ -1,5 +1,5 @@
-""""Handles" any sequence length by trimming it to a multiple of tp before the reduce-scatter: the last tokens are
-silently dropped instead of a clear error."""
+"""Family: refusal missing. "Handles" any sequence length by trimming it to a multiple of tp before the reduce-scatter:
+the last tokens are silently dropped instead of a clear error."""
 import torch
 
 from dlo.course.exercises import load_exercises

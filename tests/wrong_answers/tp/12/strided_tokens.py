@@ -1,5 +1,5 @@
-"""Takes this rank's tokens strided (every tp-th token, from position r) after the sum, while the all-gather puts
-contiguous chunks back: the tokens come back in the wrong places."""
+"""Family: wrong shard. Takes this rank's tokens strided (every tp-th token, from position r) after the sum, while the
+all-gather puts contiguous chunks back: the tokens come back in the wrong places."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Slices the weight but keeps the whole bias on every rank: it no longer matches this rank's output features."""
+"""Family: wrong shard. Slices the weight but keeps the whole bias on every rank: it no longer matches this rank's
+output features."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Slices the columns of full.weight (its input features) instead of its rows (the output features)."""
+"""Family: wrong shard. Slices the columns of full.weight (its input features) instead of its rows (the output
+features)."""
 import torch
 import torch.nn.functional as F
 from torch import nn

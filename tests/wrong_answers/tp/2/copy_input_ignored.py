@@ -1,5 +1,5 @@
-"""Never applies f (copy_to_region) to the input: the forward is right, but the input's gradient only holds
-this rank's part."""
+"""Family: values right, gradients wrong. Never applies f (copy_to_region) to the input: the forward is right, but the
+input's gradient only holds this rank's part."""
 import torch
 import torch.nn.functional as F
 from torch import nn

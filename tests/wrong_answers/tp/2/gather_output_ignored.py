@@ -1,4 +1,4 @@
-"""Never gathers the output slices, even with gather_output=True."""
+"""Family: a piece left out. Never gathers the output slices, even with gather_output=True."""
 import torch
 import torch.nn.functional as F
 from torch import nn

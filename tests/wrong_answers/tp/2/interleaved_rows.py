@@ -1,5 +1,5 @@
-"""Takes every tp-th row (r, r + tp, ...) instead of the contiguous block of rows r*n:(r+1)*n: the output
-features land on the wrong ranks."""
+"""Family: wrong shard. Takes every tp-th row (r, r + tp, ...) instead of the contiguous block of rows r*n:(r+1)*n: the
+output features land on the wrong ranks."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Keeps a view of the full layer's weight: the parallel layer shares (and would update) the full one's memory."""
+"""Family: parameters not owned. Keeps a view of the full layer's weight: the parallel layer shares (and would update)
+the full one's memory."""
 import torch
 import torch.nn.functional as F
 from torch import nn

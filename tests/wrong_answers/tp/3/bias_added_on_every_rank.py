@@ -1,4 +1,4 @@
-"""Adds the bias before the all-reduce: the sum then holds tp copies of it."""
+"""Family: sum or mean. Adds the bias before the all-reduce: the sum then holds tp copies of it."""
 import torch
 import torch.nn.functional as F
 from torch import nn

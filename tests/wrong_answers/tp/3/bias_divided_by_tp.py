@@ -1,5 +1,5 @@
-"""Adds bias / tp on every rank before the all-reduce: the output is right, but the bias's gradient is tp times
-too small."""
+"""Family: values right, gradients wrong. Adds bias / tp on every rank before the all-reduce: the output is right, but
+the bias's gradient is tp times too small."""
 import torch
 import torch.nn.functional as F
 from torch import nn

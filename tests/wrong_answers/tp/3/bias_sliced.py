@@ -1,4 +1,5 @@
-"""Slices the bias like the weight's columns: the bias belongs to the output features, which are not split."""
+"""Family: wrong shard. Slices the bias like the weight's columns: the bias belongs to the output features, which are
+not split."""
 import torch
 import torch.nn.functional as F
 from torch import nn

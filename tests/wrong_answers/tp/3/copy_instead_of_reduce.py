@@ -1,4 +1,5 @@
-"""Uses f (copy_to_region) where g belongs: the forward never sums the ranks' partial outputs."""
+"""Family: a piece left out. Uses f (copy_to_region) where g belongs: the forward never sums the ranks' partial
+outputs."""
 import torch
 import torch.nn.functional as F
 from torch import nn

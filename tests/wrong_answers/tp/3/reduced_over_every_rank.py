@@ -1,5 +1,5 @@
-"""Calls reduce_from_region without the group: the partial outputs are summed over every process, not over
-the TP group."""
+"""Family: wrong group. Calls reduce_from_region without the group: the partial outputs are summed over every process,
+not over the TP group."""
 import torch
 import torch.nn.functional as F
 from torch import nn

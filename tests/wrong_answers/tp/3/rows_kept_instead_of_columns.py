@@ -1,4 +1,5 @@
-"""Slices the rows of full.weight, as in the column-parallel layer, instead of its columns (the input features)."""
+"""Family: wrong shard. Slices the rows of full.weight, as in the column-parallel layer, instead of its columns (the
+input features)."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Keeps views of the full layer's weight columns and bias: the parallel layer shares (and would update) the
-full one's memory, and a column slice is not even contiguous."""
+"""Family: parameters not owned. Keeps views of the full layer's weight columns and bias: the parallel layer shares
+(and would update) the full one's memory, and a column slice is not even contiguous."""
 import torch
 import torch.nn.functional as F
 from torch import nn

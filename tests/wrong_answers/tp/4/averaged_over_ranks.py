@@ -1,5 +1,5 @@
-"""Averages the ranks' answers (as data parallelism averages gradients) instead of summing them: exactly one rank
-holds each row, so the mean divides it by tp."""
+"""Family: sum or mean. Averages the ranks' answers (as data parallelism averages gradients) instead of summing them:
+exactly one rank holds each row, so the mean divides it by tp."""
 import torch
 import torch.nn.functional as F
 from torch import nn

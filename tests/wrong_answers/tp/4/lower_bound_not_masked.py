@@ -1,5 +1,5 @@
-"""Masks only the ids at or above vocab_end: on the later ranks, the ids below vocab_start are clamped to row 0
-and add a wrong row to the sum."""
+"""Family: wrong shard. Masks only the ids at or above vocab_end: on the later ranks, the ids below vocab_start are
+clamped to row 0 and add a wrong row to the sum."""
 import torch
 import torch.nn.functional as F
 from torch import nn

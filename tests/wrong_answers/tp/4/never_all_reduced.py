@@ -1,4 +1,5 @@
-"""Masks and looks up correctly but returns this rank's answer: the rows owned by the other ranks stay zero."""
+"""Family: a piece left out. Masks and looks up correctly but returns this rank's answer: the rows owned by the other
+ranks stay zero."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Clamps the ids into this rank's range but does not zero the rows of other ranks' ids: the sum adds wrong rows."""
+"""Family: wrong shard. Clamps the ids into this rank's range but does not zero the rows of other ranks' ids: the sum
+adds wrong rows."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Leaves copy_input=True on gate and up: the input's gradient is all-reduced twice in the backward."""
+"""Family: right numbers, wrong traffic. Leaves copy_input=True on gate and up: the input's gradient is all-reduced
+twice in the backward."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,6 +1,6 @@
-"""Gathers gate and up (gather_output=True) and applies a whole copy of down_proj on every rank: the right
-numbers, but two all-gathers of the wide intermediate activations and a replicated down_proj, where one
-all-reduce of the narrow output belongs."""
+"""Family: right numbers, wrong traffic. Gathers gate and up (gather_output=True) and applies a whole copy of down_proj
+on every rank: the right numbers, but two all-gathers of the wide intermediate activations and a replicated
+down_proj, where one all-reduce of the narrow output belongs."""
 import copy
 
 import torch

@@ -1,6 +1,6 @@
-"""Builds the parallel layers and f without the group: everything is split and summed over every process (tp = 4
-instead of the TP group's 2), which gives the right numbers here but is not tensor parallelism over the given
-group (beside a DP dimension, it would mix the replicas)."""
+"""Family: wrong group. Builds the parallel layers and f without the group: everything is split and summed over every
+process (tp = 4 instead of the TP group's 2), which gives the right numbers here but is not tensor parallelism over
+the given group (beside a DP dimension, it would mix the replicas)."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Turns copy_input off on gate and up but never applies f itself: the forward is right, the input's gradient
-only holds this rank's part."""
+"""Family: values right, gradients wrong. Turns copy_input off on gate and up but never applies f itself: the forward
+is right, the input's gradient only holds this rank's part."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Adds a reduce_from_region after down_proj, which is row-parallel and already sums its output: the output is
-summed twice."""
+"""Family: sum or mean. Adds a reduce_from_region after down_proj, which is row-parallel and already sums its output:
+the output is summed twice."""
 import torch
 import torch.nn.functional as F
 from torch import nn

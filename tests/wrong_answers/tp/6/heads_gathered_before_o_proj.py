@@ -1,5 +1,6 @@
-"""Gathers the heads' outputs and applies a whole copy of o_proj: the right numbers, but an all-gather of the
-attention output and a replicated o_proj where a row-parallel o_proj and one all-reduce belong."""
+"""Family: right numbers, wrong traffic. Gathers the heads' outputs and applies a whole copy of o_proj: the right
+numbers, but an all-gather of the attention output and a replicated o_proj where a row-parallel o_proj and one
+all-reduce belong."""
 import copy
 
 import torch

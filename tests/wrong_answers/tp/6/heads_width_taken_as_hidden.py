@@ -1,4 +1,5 @@
-"""Reshapes the attention output to hidden / tp features: right only when num_heads * head_dim == hidden."""
+"""Family: sizes that coincide. Reshapes the attention output to hidden / tp features: right only when num_heads *
+head_dim == hidden."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Checks that tp divides num_heads but not num_kv_heads: a model with one K/V head is split unevenly."""
+"""Family: refusal missing. Checks that tp divides num_heads but not num_kv_heads: a model with one K/V head is split
+unevenly."""
 import torch
 import torch.nn.functional as F
 from torch import nn

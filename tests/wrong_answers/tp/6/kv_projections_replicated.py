@@ -1,5 +1,5 @@
-"""Splits the query heads but keeps whole copies of k_proj and v_proj on every rank: each rank's query heads
-then meet the first K/V heads instead of their own group's."""
+"""Family: parameters not owned. Splits the query heads but keeps whole copies of k_proj and v_proj on every rank: each
+rank's query heads then meet the first K/V heads instead of their own group's."""
 import copy
 
 import torch

@@ -1,4 +1,5 @@
-"""Gives every rank exactly one K/V head (as if num_kv_heads == tp): wrong as soon as a rank holds several."""
+"""Family: sizes that coincide. Gives every rank exactly one K/V head (as if num_kv_heads == tp): wrong as soon as a
+rank holds several."""
 import torch
 import torch.nn.functional as F
 from torch import nn

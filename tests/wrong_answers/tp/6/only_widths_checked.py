@@ -1,5 +1,5 @@
-"""Relies on the column-parallel layers' own check (tp divides out_features): with 3 heads of 4, 12 features
-split in two, but a head is cut in half."""
+"""Family: refusal missing. Relies on the column-parallel layers' own check (tp divides out_features): with 3 heads of
+4, 12 features split in two, but a head is cut in half."""
 import torch
 import torch.nn.functional as F
 from torch import nn

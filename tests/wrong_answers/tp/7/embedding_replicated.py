@@ -1,5 +1,5 @@
-"""Keeps a whole copy of the embedding table on every rank (a lookup needs no communication): the right numbers,
-but the vocabulary, often the largest matrix, is not split."""
+"""Family: parameters not owned. Keeps a whole copy of the embedding table on every rank (a lookup needs no
+communication): the right numbers, but the vocabulary, often the largest matrix, is not split."""
 import copy
 
 import torch

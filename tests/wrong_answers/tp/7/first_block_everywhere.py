@@ -1,4 +1,5 @@
-"""Builds every decoder block from the first one: same parameter names, but the later layers' weights are lost."""
+"""Family: parameters not owned. Builds every decoder block from the first one: same parameter names, but the later
+layers' weights are lost."""
 import copy
 
 import torch

@@ -1,5 +1,5 @@
-"""Builds lm_head with gather_output=True: local_logits then holds the whole vocabulary and forward gathers it
-a second time."""
+"""Family: right numbers, wrong traffic. Builds lm_head with gather_output=True: local_logits then holds the whole
+vocabulary and forward gathers it a second time."""
 import copy
 
 import torch

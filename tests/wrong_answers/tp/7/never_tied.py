@@ -1,5 +1,5 @@
-"""Builds the head as its own column-parallel copy even when the config ties it to the embedding (Llama 3.2):
-the two tensors then train apart, and the embedding gradient misses the head's part."""
+"""Family: parameters not owned. Builds the head as its own column-parallel copy even when the config ties it to the
+embedding (Llama 3.2): the two tensors then train apart, and the embedding gradient misses the head's part."""
 import copy
 
 import torch

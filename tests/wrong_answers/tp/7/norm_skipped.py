@@ -1,4 +1,5 @@
-"""Leaves out the final norm before the head: every logit is off (the Llama normalises before its head)."""
+"""Family: a piece left out. Leaves out the final norm before the head: every logit is off (the Llama normalises before
+its head)."""
 import copy
 
 import torch

@@ -1,5 +1,5 @@
-"""Builds the rotary tables for hidden_size // num_heads dimensions instead of cfg.head_dim: right only when
-num_heads * head_dim == hidden (not Llama 3's 128-wide heads)."""
+"""Family: sizes that coincide. Builds the rotary tables for hidden_size // num_heads dimensions instead of
+cfg.head_dim: right only when num_heads * head_dim == hidden (not Llama 3's 128-wide heads)."""
 import copy
 
 import torch

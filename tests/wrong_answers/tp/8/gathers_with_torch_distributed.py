@@ -1,6 +1,6 @@
-"""Gathers the full logits with torch.distributed.all_gather directly (this rank's slice kept in the graph, so
-loss and gradients come out right), then F.cross_entropy: every rank holds [batch, seq, vocab] again, the memory
-the vocab-parallel loss exists to save."""
+"""Family: right numbers, wrong traffic. Gathers the full logits with torch.distributed.all_gather directly (this
+rank's slice kept in the graph, so loss and gradients come out right), then F.cross_entropy: every rank holds
+[batch, seq, vocab] again, the memory the vocab-parallel loss exists to save."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,4 +1,4 @@
-"""Averages the loss over every position, -100 labels included."""
+"""Family: numerics. Averages the loss over every position, -100 labels included."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,4 +1,5 @@
-"""Exponentiates the raw logits: right for small logits, inf (then nan) as soon as a logit passes ~88 in float32."""
+"""Family: numerics. Exponentiates the raw logits: right for small logits, inf (then nan) as soon as a logit passes ~88
+in float32."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Subtracts this rank's own max without the all-reduce: the ranks' sums of exp are then on different scales
-and cannot be added."""
+"""Family: numerics. Subtracts this rank's own max without the all-reduce: the ranks' sums of exp are then on different
+scales and cannot be added."""
 import torch
 import torch.nn.functional as F
 from torch import nn

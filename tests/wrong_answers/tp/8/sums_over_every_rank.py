@@ -1,4 +1,5 @@
-"""Sums the partial sums with reduce_from_region without the group: over every process, not the TP group."""
+"""Family: wrong group. Sums the partial sums with reduce_from_region without the group: over every process, not the TP
+group."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

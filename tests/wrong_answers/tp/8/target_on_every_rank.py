@@ -1,5 +1,5 @@
-"""Picks the target logit at the clamped local index on every rank without masking: the ranks that do not own
-the label add a wrong logit to the sum."""
+"""Family: wrong shard. Picks the target logit at the clamped local index on every rank without masking: the ranks that
+do not own the label add a wrong logit to the sum."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

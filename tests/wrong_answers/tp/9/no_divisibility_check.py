@@ -1,4 +1,4 @@
-"""Never checks that tp divides the world size: the last ranks are silently left out."""
+"""Family: refusal missing. Never checks that tp divides the world size: the last ranks are silently left out."""
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,5 +1,5 @@
-"""Passes the number of TP groups (world // tp) where the group size tp belongs: the same at 2 x 2 on 4
-processes, wrong at every other layout."""
+"""Family: sizes that coincide. Passes the number of TP groups (world // tp) where the group size tp belongs: the same
+at 2 x 2 on 4 processes, wrong at every other layout."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

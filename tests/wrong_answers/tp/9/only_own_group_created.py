@@ -1,5 +1,5 @@
-"""Calls dist.new_group only for the group this rank belongs to: new_group is collective, every rank must call it
-for every group, in the same order."""
+"""Family: wrong group. Calls dist.new_group only for the group this rank belongs to: new_group is collective, every
+rank must call it for every group, in the same order."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

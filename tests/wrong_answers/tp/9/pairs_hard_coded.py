@@ -1,4 +1,4 @@
-"""Builds the groups as consecutive pairs whatever tp is: right at tp=2 only."""
+"""Family: sizes that coincide. Builds the groups as consecutive pairs whatever tp is: right at tp=2 only."""
 import torch
 import torch.nn.functional as F
 from torch import nn

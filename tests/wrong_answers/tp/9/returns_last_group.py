@@ -1,4 +1,4 @@
-"""Creates every group but returns the last one made, whichever rank asks."""
+"""Family: wrong group. Creates every group but returns the last one made, whichever rank asks."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

@@ -1,4 +1,5 @@
-"""Builds the TP groups strided ([0, 2], [1, 3]): TP then communicates across nodes at every layer."""
+"""Family: wrong shard. Builds the TP groups strided ([0, 2], [1, 3]): TP then communicates across nodes at every
+layer."""
 import torch
 import torch.nn.functional as F
 from torch import nn
