@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from dlo.runtime.device import synchronize
-from dlo.measure import decide as _decide
+from dlo.measure.decide import MAX_SPREAD as _MAX_SPREAD, looks, pair_decider
 
 #: A timer runs ``fn`` once and returns how long it took, in seconds (see :func:`make_timer`). Tests pass
 #: their own (a fake clock), so that what they check never depends on the speed of the machine.
@@ -41,7 +41,7 @@ Timer = Callable[[Callable[[], Any]], float]
 
 #: The widest spread of the timed repeats, as interquartile range / median, for which a ratio is still
 #: reported (defined with the decision rule, :mod:`dlo.measure.decide`).
-MAX_SPREAD = _decide.MAX_SPREAD
+MAX_SPREAD = _MAX_SPREAD
 
 
 def make_timer(device: torch.device | str | None = None) -> Timer:
@@ -343,7 +343,7 @@ def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[
     _check_counts(warmup, repeats, max_repeats)
     cap = max_repeats if max_repeats is not None else repeats
     if until is None and cap > repeats and len(cands) > 1:
-        until = _decide.pair_decider(cands[-1].name, cands[0].name)
+        until = pair_decider(cands[-1].name, cands[0].name)
     devices = {c.name: torch.device(c.device) for c in cands}
     timers = {c.name: timer or make_timer(devices[c.name]) for c in cands}
     peaks: dict[str, int] = {c.name: 0 for c in cands}
@@ -381,7 +381,7 @@ def measure_interleaved(candidates: Sequence[Candidate] | Mapping[str, Callable[
             while not warm[c.name].done:
                 warm[c.name].times.append(run_once(c))
         timed: dict[str, list[float]] = {c.name: [] for c in cands}
-        checks = set(_decide.looks(repeats, cap)) if cap > repeats and until is not None else set()
+        checks = set(looks(repeats, cap)) if cap > repeats and until is not None else set()
         for r in range(cap):  # A B C, C B A, A B C ...
             for c in (cands if r % 2 == 0 else cands[::-1]):
                 timed[c.name].append(run_once(c))
