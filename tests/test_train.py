@@ -1157,3 +1157,31 @@ def test_early_stopping_min_mode_min_delta_and_errors():
         tr.EarlyStopping(mode="up")
     with pytest.raises(RuntimeError, match="before any step"):
         tr.EarlyStopping().restore_best(model)
+
+
+def test_cli_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The disk holds one checkpoint but not two: the second save fails. `dlo train` ends with the atomic writer's
+    one line (no traceback), exit code 1, and the first checkpoint is still there, whole."""
+    import errno
+
+    from dlo.training import checkpoint as ckpt_module
+    from dlo.training import cli as training_cli
+
+    ck = tmp_path / "run.pt"
+    real, calls = ckpt_module.atomic_write, []
+
+    def fills_up(path, write, **kw):
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, f"no space left on {path} (its file system has 0 bytes free): its previous "
+                                        "content is kept; free some space and write it again")
+        return real(path, write, **kw)
+
+    monkeypatch.setattr(ckpt_module, "atomic_write", fills_up)
+    rc = training_cli.main([*CLI_TINY, "--ckpt", str(ck), "--ckpt-every", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(calls) == 2, (rc, calls)
+    assert err == [f"error: [Errno 28] no space left on {ck} (its file system has 0 bytes free): its previous content "
+                   "is kept; free some space and write it again"], err
+    assert ckpt_module.read_checkpoint(ck)["step"] == 1

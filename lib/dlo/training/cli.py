@@ -76,7 +76,8 @@ def _schedule_arg(text: str) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     """``dlo train``: 0 when done, 2 (after one line on stderr) for a bad option or anything refused before the
-    run starts."""
+    run starts, 1 (after one line) when the system stops the run (a full disk while writing a checkpoint: the
+    previous one is kept)."""
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # during the run: a full disk while checkpointing (the previous checkpoint is kept)
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
 
 
 # --------------------------------------------------------------------------------------------------
