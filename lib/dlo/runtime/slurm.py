@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("template", metavar="TEMPLATE", help=f"one of: {', '.join(TEMPLATES)}")
     p.add_argument("--cluster", default="generic", help=f"preset (default generic). {clusters}")
     p.add_argument("-A", "--account", help="account to charge (Jean Zay: abc@v100, abc@a100, abc@h100)")
-    p.add_argument("-p", "--partition", help="partition")
+    p.add_argument("-p", "--partition", help="partition (as sbatch -p; not a notebook parameter: those are given to the job, `dlo run NB -p NAME VALUE`)")
     p.add_argument("-q", "--qos", help="quality of service (Jean Zay: qos_gpu-dev, qos_gpu_h100-t3, ...)")
     p.add_argument("-C", "--constraint", help="node feature (Jean Zay: v100-32g, a100, h100)")
     p.add_argument("-t", "--time", help="time limit: MINUTES, HH:MM:SS or D-HH:MM:SS")
