@@ -6,24 +6,35 @@ loop (:func:`native_loop`, the notebook's) on the same model, data and seed: the
 weights after the last step must be equal, in two set-ups (two seeds, accumulation 1 and 3, a last batch smaller
 than the others, SGD with momentum so that an extra or a missing optimizer step shows). On one CPU device Fabric
 changes nothing numerically, which is why a port that skips Fabric's API still trains the same here and would
-not on several GPUs: what the API must be given is checked from the calls it received (the ``Fabric`` handed to
-the loop records them), each failure saying what would go wrong at scale. Known mistakes of the accumulation
-(an optimizer step per micro-batch, a loss not divided, gradients never zeroed) are named from the weights they
-give, replayed natively.
+not on several GPUs: what the API must be given (model and optimizer set up together, no hand-written move, every
+backward through Fabric) is checked from the calls it received. Known mistakes of the accumulation (an optimizer
+step per micro-batch, a loss not divided, gradients never zeroed) are named from the weights they give, replayed
+natively.
+
+What only several processes show is checked from its effects, on 2 gloo processes (:mod:`dlo.course.checks.
+apis_worker`): the answer and the reference (:func:`reference_loop`, the notebook's solution) train on a 2-process
+DDP Fabric, and each rank records the sample ids of every batch it iterated (its share of the data: the loader set
+up by Fabric, with its distributed sampler, is the one iterated), the micro-batches after which its gradients were
+all-reduced (a DDP communication hook: exactly the last micro-batch of each step), its losses and its final weights,
+compared with the reference's on the same rank.
 """
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.experts_dispatch import write_answer
+from dlo.course.checks.framework import CheckFailed, expect, peer_records, register
 from dlo.lessons.apis_core import missing_library
 
 NOTEBOOK = "tp_fsdp/apis.ipynb"
+WORKER = Path(__file__).with_name("apis_worker.py")
 #: (seed, accumulate, steps, batch size, samples): the last set-up ends on a short batch (14 = 4 + 4 + 4 + 2).
 SETUPS = ((0, 1, 3, 4, 12), (1, 3, 1, 4, 14), (2, 3, 2, 3, 18))
 
@@ -58,6 +69,66 @@ def _setup(seed: int, batch: int, samples: int) -> tuple[nn.Module, Any, DataLoa
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     return model, optimizer, DataLoader(data, batch_size=batch, shuffle=False)
+
+
+#: The 2-process set-ups (seed, accumulate, steps, batch size, samples): each rank's share is 11 samples (22) or 18
+#: (35: one padded), so a rank's last batch is short in the first, and a loader not set up shows in what it iterates.
+PEER_SETUPS = ((3, 3, 2, 2, 22), (4, 2, 3, 3, 35))
+
+
+def reference_loop(fabric: Any, model: nn.Module, optimizer: Any, loader: DataLoader, accumulate: int,
+                   steps: int) -> list[float]:
+    """The notebook's solution: the native loop ported to Fabric (what the answer is compared with)."""
+    model, optimizer = fabric.setup(model, optimizer)
+    batches = iter(fabric.setup_dataloaders(loader))
+    history = []
+    for _ in range(steps):
+        step_loss = 0.0
+        for micro in range(accumulate):
+            inputs, targets = next(batches)
+            with fabric.no_backward_sync(model, enabled=micro < accumulate - 1):
+                micro_loss = F.cross_entropy(model(inputs), targets) / accumulate
+                fabric.backward(micro_loss)
+            step_loss += micro_loss.item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        history.append(step_loss)
+    return history
+
+
+class _Log:
+    """What one run iterated (the sample ids of each batch collated) and after which micro-batches it synced."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.batches: list[list[int]] = []
+        self.synced: set[int] = set()
+
+    def collate(self, items: list) -> Any:
+        self.batches.append(self.pending)
+        self.pending = []
+        return default_collate(items)
+
+
+class _LoggedData(Dataset):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, log: _Log) -> None:
+        self.x, self.y, self.log = x, y, log
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.log.pending.append(int(i))
+        return self.x[i], self.y[i]
+
+
+def logged_setup(seed: int, batch: int, samples: int) -> tuple[nn.Module, Any, DataLoader, _Log]:
+    """:func:`_setup`'s model, optimizer and data, the loader's dataset recording the ids it is asked for (the
+    loader set up by Fabric re-uses the dataset and the collate function, so either loader's batches are logged)."""
+    model, optimizer, plain = _setup(seed, batch, samples)
+    log = _Log()
+    x, y = plain.dataset.tensors
+    return model, optimizer, DataLoader(_LoggedData(x, y, log), batch_size=batch, collate_fn=log.collate), log
 
 
 def _spy_fabric():
@@ -167,14 +238,63 @@ def _api_problem(fabric: Any, model: nn.Module, optimizer: Any, moved: list[str]
     if moved:
         return (f"the loop moves the model itself (model.{moved[0]}(...)): Fabric places it on its device in "
                 "setup; a hand-written move breaks on another accelerator or under FSDP, which shards it first")
-    if fabric.calls["setup_dataloaders"] == 0:
-        return ("the DataLoader was not set up with fabric.setup_dataloaders: on N processes it would not get a "
-                "DistributedSampler, so every process would train on the whole dataset (N times the same batches)")
     if fabric.calls["backward"] != accumulate * steps:
         return (f"fabric.backward ran {fabric.calls['backward']} time(s) for {accumulate * steps} micro-batches: "
                 "give each micro-batch's loss to Fabric's backward rather than calling its own -- Fabric scales the "
                 "loss for mixed precision and lets the strategy (DDP, FSDP, DeepSpeed) run its backward")
     return None
+
+
+def _peer_problem(rank: int, setup: tuple, answer: dict, reference: dict) -> str | None:
+    """What differs between the answer's and the reference's run on one rank of 2: the batches iterated, the
+    micro-batches after which the gradients were all-reduced, the final weights, the losses. None: nothing."""
+    seed, accumulate, steps, batch, samples = setup
+    where = f"2 processes, accumulate={accumulate}, {steps} steps, {samples} samples in batches of {batch}, rank {rank}"
+    if "error" in answer:
+        return f"{where}: fabric_loop raised {answer['error']}"
+    got, want = answer["batches"], reference["batches"]
+    if got != want:
+        everything = [list(range(i, min(i + batch, samples))) for i in range(0, samples, batch)]
+        if got == everything[:len(got)]:
+            return (f"{where}: this rank iterated every sample of the dataset in order (batches {got[:2]}...) instead "
+                    f"of its share ({want[:2]}...): iterate the loader fabric.setup_dataloaders returned, with its "
+                    "distributed sampler, or every rank trains on the whole dataset")
+        return f"{where}: this rank iterated the batches {got}, expected {want}"
+    if answer["synced"] != reference["synced"]:
+        got, want = answer["synced"], reference["synced"]
+        if len(got) == len(answer["batches"]):
+            why = ("every micro-batch: use fabric.no_backward_sync(model, enabled=...) to skip the all-reduce on the "
+                   "micro-batches that only accumulate")
+        elif not got:
+            why = "no micro-batch at all: the ranks never average their gradients and drift apart"
+        else:
+            why = "other micro-batches than the last of each step"
+        return (f"{where}: the gradients were all-reduced after micro-batches {got}, expected after {want} only (the "
+                f"last of each step's {accumulate}); here after {why}")
+    diff = max((abs(a - b) for ga, gb in zip(answer["weights"], reference["weights"]) for a, b in zip(ga, gb)),
+               default=float("inf"))
+    if len(answer["weights"]) != len(reference["weights"]) or not diff <= 1e-5:
+        return f"{where}: the weights after the last step differ from the reference's by up to {diff:.3g}"
+    if len(answer["losses"]) != steps or any(abs(a - b) > 1e-5 for a, b in zip(answer["losses"], reference["losses"])):
+        return (f"{where}: the returned losses {[round(v, 5) for v in answer['losses']]} differ from the reference's "
+                f"{[round(v, 5) for v in reference['losses']]} (this rank's loss of each step)")
+    return None
+
+
+def _check_on_two_processes(fabric_loop: Callable) -> None:
+    """The answer and the reference trained on 2 gloo processes (:mod:`dlo.course.checks.apis_worker`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        records = peer_records(WORKER, [str(write_answer(fabric_loop, Path(tmp)))], 2, timeout_s=180)
+    for record in records:
+        for run in record["runs"]:
+            if run["answer"].get("error", "").startswith("NotImplementedError"):
+                raise NotImplementedError(run["answer"]["error"].split(":", 1)[-1].strip())
+    for i, setup in enumerate(PEER_SETUPS):
+        for record in records:
+            if i < len(record["runs"]):
+                run = record["runs"][i]
+                problem = _peer_problem(record["rank"], setup, run["answer"], run["reference"])
+                expect(problem is None, problem or "")
 
 
 @register("apis", "fabric_port", ("fabric_loop",), NOTEBOOK)
@@ -200,5 +320,8 @@ def _check_fabric_port(fabric_loop: Callable) -> str:
                f"{where}: the returned losses {[round(v, 5) for v in values]} differ from the native loop's "
                f"{[round(v, 5) for v in want]}: each is the step's loss over its {accumulate} micro-batch(es), as the "
                "native loop records it")
+    _check_on_two_processes(fabric_loop)
     return ("the Fabric port trains exactly as the native loop (weights and losses, 3 set-ups, accumulation 1 and 3); "
-            "model and optimizer set up together, the loader set up, every backward through Fabric")
+            "model and optimizer set up together, every backward through Fabric; on 2 processes each rank iterates "
+            "its share of the data, all-reduces only on each step's last micro-batch and ends on the reference's "
+            "weights")
