@@ -195,6 +195,10 @@ def _check_fsdp(apply_fsdp: Callable) -> str:
             "and offload policies reach every unit")
 
 
+#: Names mixed_precision_policy must refuse: only "fp32" and "bf16" are known.
+UNKNOWN_PRECISIONS = ("fp16", "fp8", "", None, "bf61", "fp64", "bf16-mixed", "float32", "BF16 ", 16)
+
+
 @register("fsdp", "precision", ("mixed_precision_policy",), SCRIPT)
 def _check_precision(mixed_precision_policy: Callable) -> str:
     expect(mixed_precision_policy("fp32") is None, "fp32: return None (no mixed precision policy)")
@@ -203,13 +207,19 @@ def _check_precision(mixed_precision_policy: Callable) -> str:
             "bf16: param_dtype=torch.bfloat16 (the all-gathered weights used to compute)")
     expect(getattr(mp, "reduce_dtype", None) == torch.float32,
             "bf16: reduce_dtype=torch.float32 (gradients summed over ranks in fp32, not in bf16)")
-    try:
-        mixed_precision_policy("fp8")
-    except ValueError:
-        pass
-    else:
-        raise CheckFailed("an unknown precision name must raise ValueError")
-    return "bf16 compute and all-gathers, fp32 gradient reduction and fp32 sharded weights"
+    for name in UNKNOWN_PRECISIONS:  # near misses of the two names, other precisions, empty, not a string
+        try:
+            got = mixed_precision_policy(name)
+        except ValueError:
+            continue
+        except (TypeError, AttributeError) as exc:
+            expect(not isinstance(name, str), f"{name!r} raised {type(exc).__name__}, not ValueError")
+            continue
+        shown = "None (fp32)" if got is None else f"a policy with param_dtype={getattr(got, 'param_dtype', None)}"
+        raise CheckFailed(f"the unknown precision name {name!r} gave {shown}: only 'fp32' and 'bf16' are known, and any "
+                          "other name must raise ValueError rather than be mapped silently to a precision")
+    return ("bf16 compute and all-gathers, fp32 gradient reduction and fp32 sharded weights; "
+            f"{len(UNKNOWN_PRECISIONS)} unknown names refused")
 
 
 @register("fsdp", "checkpointing", ("apply_activation_checkpointing",), SCRIPT)
