@@ -85,16 +85,18 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
             assert parsed.model == "llama-3.2-3b" and parsed.precision == "bf16"
             assert parsed.global_batch % (gpus * parsed.grad_accum) == 0
             micro = parsed.global_batch // (gpus * parsed.grad_accum)
-            assert (micro, parsed.seq_len, parsed.grad_accum) == (2, 2048, 8)  # 2 x 2048 tokens, 8 per step
-            assert (parsed.checkpointing, parsed.loss, parsed.optimizer_impl, parsed.compile) == \
-                ("selective", "chunked", "fused", True)
-            # what the memory calculator predicts for this very command fits an 80 GB H100 with room to spare
+            plan = gc.fsdp_plan(gpus)  # no GPU here: sized for an 80 GB one
+            assert (micro, parsed.seq_len, parsed.grad_accum, parsed.accum_sync, parsed.checkpointing) == \
+                (plan["micro_batch"], 2048, plan["grad_accum"], plan["accum_sync"], plan["checkpointing"])
+            assert micro * parsed.grad_accum == 16 and parsed.timed_repeats >= 5
+            assert (parsed.loss, parsed.optimizer_impl, parsed.compile) == ("chunked", "fused", True)
+            # what the memory calculator predicts for this very command fits an 80 GB H100 with its margin
             peak = fsdp2_peak_memory(MODEL_CONFIGS[parsed.model], gpus, batch=micro, seq_len=parsed.seq_len,
                                      precision=parsed.precision, checkpointing=parsed.checkpointing,
                                      loss=parsed.loss, loss_chunk_tokens=parsed.loss_chunk_tokens,
                                      optimizer_impl=parsed.optimizer_impl, grad_accum=parsed.grad_accum,
                                      accum_sync=parsed.accum_sync)
-            assert peak["total"] < 70 * GB, (gpus, peak["total"] / GB)
+            assert peak["total"] == plan["predicted_bytes"] and peak["total"] * 1.12 < 80 * GB, (gpus, peak["total"])
 
 
 def test_the_dry_runs_are_the_full_commands_of_a_2_gpu_node_with_only_sizes_shrunk(tmp_path):
@@ -152,7 +154,8 @@ def test_parsers_read_their_records(tmp_path):
     assert value == pytest.approx(7e-6) and details["step_s"] == pytest.approx(0.8)
     grid[3]["comm_matches_theory"] = False
     value, details = gc._grid_parse(tmp_path, grid)
-    assert value == float("inf") and "rank(s) [3]" in details["why"]
+    assert value == pytest.approx(7e-6) and "rank(s) [3]" in details["missed"]
+    assert gc.verdict(BY_NAME["grid_3d"], value, details, dry=False).startswith("MISSED: communication differs")
     assert gc._grid_parse(tmp_path, [{k: v for k, v in grid[0].items() if k != "diff"}])[0] is None
 
     race_out = {"target": 0.94, "records": [{"data": "real CIFAR-10", "reached": True, "time_to_target_s": 9.0},
@@ -217,11 +220,11 @@ def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
     notebooks = ["tests/fixtures/plain_display.ipynb", "tests/fixtures/needs_two_gpus.ipynb",
                  "tests/fixtures/needs_a_missing_package.ipynb", "tests/fixtures/failing.ipynb"]
     done = subprocess.run([sys.executable, "-m", "dlo", "gpu-check", "--quick", "--dry-run", "--skip", "jour1_ladder",
-                           "--notebooks", *notebooks, "--jobs", "2", "--out", str(out)],
+                           "--notebooks", *notebooks, "--jobs", "2", "--budget", "600", "--out", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # failing.ipynb fails
     payload = json.loads(out.read_text())
-    assert payload["quick"] and payload["dry_run"]
+    assert payload["quick"] and payload["dry_run"] and payload["title"].startswith("DRY RUN (targets not judged)")
     rows = {r.get("benchmark") or r["notebook"]: r for r in payload["results"]}
     assert set(rows) == (set(BY_NAME) - {"jour1_ladder"}) | set(notebooks)
     ok = rows["tests/fixtures/plain_display.ipynb"]
@@ -237,13 +240,16 @@ def test_quick_dry_run_end_to_end_on_cpu(tmp_path):
     assert (mix["verdict"] == "dry run: not judged" and mix["value"] > 0) or \
         (mix["value"] is None and mix["verdict"].startswith("no value: refused: ")), mix
     assert rows["fsdp_mfu"]["details"]["status"] == "ok", rows["fsdp_mfu"]
-    assert rows["race"]["details"]["data"] == "generated", rows["race"]
+    assert rows["fsdp_mfu"]["details"]["why"] == "unknown GPU: no MFU (cpu)"
+    assert rows["race"]["verdict"].startswith("skipped: not in --quick"), rows["race"]
+    assert "DRY RUN (targets not judged)" in done.stdout.splitlines()[done.stdout.splitlines().index(
+        next(ln for ln in done.stdout.splitlines() if ln.startswith("notebook or benchmark"))) - 1]
     table = done.stdout[done.stdout.index("notebook or benchmark"):]
     assert len([ln for ln in table.splitlines() if ln.split()[0] in rows]) == len(rows)
     assert "dry run: not judged" in done.stdout and "wrote" in done.stdout
 
 
-def test_quick_on_one_gpu_runs_notebooks_first_then_the_one_gpu_benchmarks_with_fewer_steps(monkeypatch, tmp_path):
+def test_quick_on_one_gpu_runs_the_target_benchmarks_first_then_the_notebooks(monkeypatch, tmp_path):
     rehearsed, ran = [], []
 
     def fake_rehearse(path, out, *, timeout_s, dry, env):
@@ -252,11 +258,12 @@ def test_quick_on_one_gpu_runs_notebooks_first_then_the_one_gpu_benchmarks_with_
 
     def fake_run(bench, gpus, dry, out, *, quick, timeout_s):
         ran.append((bench.name, quick, timeout_s))
-        assert not rehearsed or len(rehearsed) == len(source_notebooks()), "benchmarks start after every notebook"
+        assert not rehearsed, "the notebooks start after the benchmarks"
         command = bench.command(gpus, dry, out, quick)
         if bench.name == "fsdp_mfu":
             args = command[2]
-            assert args[args.index("--steps") + 1] == gc.QUICK_STEPS["--steps"]
+            assert args[args.index("--steps") + 1] == gc.FSDP_QUICK["--steps"]
+            assert args[args.index("--timed-repeats") + 1] == gc.FSDP_QUICK["--timed-repeats"]
             assert args[args.index("--model") + 1] == "llama-3.2-3b"  # same sizes, fewer steps
             return [{"rank": 0, "status": "ok", "mfu": 0.41}]
         raise RuntimeError("exit code 1: not measured here")
@@ -268,33 +275,116 @@ def test_quick_on_one_gpu_runs_notebooks_first_then_the_one_gpu_benchmarks_with_
     payload = gc.run_checks(gpus=1, quick=True, jobs=3, out_path=tmp_path / "q.json", log=lambda s: None)
     assert sorted(name for name, _, _ in rehearsed) == sorted(p.name for p in source_notebooks())
     assert all(t <= gc.NOTEBOOK_TIMEOUT_S and not dry for _, t, dry in rehearsed)
-    assert [name for name, _, _ in ran] == ["jour1_ladder", "mixcutmix", "fsdp_mfu", "race"]
-    assert all(quick and t <= gc.QUICK_BUDGET_S for _, quick, t in ran)
+    assert [(name, t) for name, _, t in ran] == [(n, gc.gpu_budget.QUICK_CAPS_S[n])
+                                                 for n in ("fsdp_mfu", "jour1_ladder", "mixcutmix")]
+    assert all(quick for _, quick, _ in ran)
     rows = {r.get("benchmark") or r["notebook"]: r for r in payload["results"]}
+    assert [r.get("benchmark") for r in payload["results"][:3]] == ["fsdp_mfu", "jour1_ladder", "mixcutmix"]
     for name in ("pipeline_1f1b", "tp_vs_dtensor", "grid_3d"):
         assert rows[name]["verdict"] == "skipped: needs 2 GPUs, 1 visible"
-    assert rows["fsdp_mfu"]["verdict"] == "met"
-    assert gc.failed(payload["results"]) == ["jour1_ladder", "mixcutmix", "race"]
+    assert rows["race"]["verdict"].startswith("skipped: not in --quick")
+    assert rows["fsdp_mfu"]["verdict"] == "met" and rows["fsdp_mfu"]["plan"]["device_gb"] == 80
+    assert gc.failed(payload["results"]) == ["jour1_ladder", "mixcutmix"]
+    assert payload["title"].startswith("gpu-check quick acceptance run") and "DRY RUN" not in payload["title"]
+
+
+def test_the_one_gpu_caps_fit_the_8_minute_piece_and_the_help_shows_their_sum():
+    from dlo.course import gpu_budget as gb
+
+    assert gb.QUICK_ORDER[:3] == ("fsdp_mfu", "jour1_ladder", "mixcutmix")
+    total = sum(gb.QUICK_CAPS_S[n] for n in gb.QUICK_ORDER[:3])
+    assert gb.one_gpu_caps_s() == total and total + gb.NOTEBOOK_NEED_S <= gb.QUICK_BUDGET_S <= 480 - 30
+    assert all(gb.QUICK_NEEDS_S[n] <= gb.QUICK_CAPS_S[n] for n in gb.QUICK_CAPS_S)
+    help_text = " ".join(subprocess.run([sys.executable, "-m", "dlo", "gpu-check", "--help"], capture_output=True,
+                                        text=True, timeout=120, cwd=ROOT).stdout.split())
+    assert f"caps summing to {total:.0f} s" in help_text and "fsdp_mfu 180 s, then jour1_ladder 150 s" in help_text
 
 
 def test_quick_budget_caps_every_step_and_reports_what_could_not_start(monkeypatch, tmp_path):
+    """Benchmarks first, each under min(its cap, what is left); one that needs more than is left is not started
+    ("not run: N s left, it needs M s"); then the notebooks in what is left, likewise."""
     clock = [1000.0]
     monkeypatch.setattr(gc.time, "monotonic", lambda: clock[0])
-    timeouts = []
+    timeouts, bench_timeouts = [], []
 
     def fake_rehearse(path, out, *, timeout_s, dry, env):
         timeouts.append(timeout_s)
         clock[0] += 40.0  # each notebook takes 40 s
         return {"notebook": path.name, "seconds": 40.0, "verdict": "ok"}
 
+    def fake_run(bench, gpus, dry, out, *, quick, timeout_s):
+        bench_timeouts.append((bench.name, timeout_s))
+        clock[0] += timeout_s  # each benchmark runs to its cap
+        raise gc.StepTimedOut(timeout_s, "still compiling")
+
     monkeypatch.setattr(gc, "rehearse_notebook", fake_rehearse)
-    monkeypatch.setattr(gc, "_run_one", lambda *a, **k: pytest.fail("no benchmark can start past the budget"))
+    monkeypatch.setattr(gc, "_run_one", fake_run)
     nbs = ["Jour1/shapes.ipynb", "Jour1/jour1.ipynb", "Jour2/ddp.ipynb"]
-    payload = gc.run_checks(gpus=1, quick=True, jobs=1, budget_s=100, notebooks=nbs, only=["mixcutmix"],
-                            out_path=tmp_path / "q.json", log=lambda s: None)
-    assert timeouts == [100.0, 60.0, 20.0]  # each capped at what is left
-    rows = payload["results"]
-    assert [r["verdict"] for r in rows] == ["ok", "ok", "ok", "not run: the quick budget was spent"]
+    payload = gc.run_checks(gpus=1, quick=True, jobs=1, budget_s=400, notebooks=nbs,
+                            only=["fsdp_mfu", "jour1_ladder", "mixcutmix"], out_path=tmp_path / "q.json",
+                            log=lambda s: None)
+    # fsdp: its 180 s cap; jour1: 220 s left, its 150 s cap; mixcutmix: 70 s left, its 45 s cap; notebooks: 25 s left
+    assert bench_timeouts == [("fsdp_mfu", 180.0), ("jour1_ladder", 150.0), ("mixcutmix", 45.0)]
+    assert timeouts == [25.0]  # the first notebook: capped at what is left
+    verdicts = [r["verdict"] for r in payload["results"]]
+    assert verdicts == ["timed out after 180 s", "timed out after 150 s", "timed out after 45 s", "ok",
+                        "not run: 0 s left, it needs 20 s", "not run: 0 s left, it needs 20 s"]
+    assert gc.failed(payload["results"]) == []  # timeouts and not-run rows are not failures
+
+    clock[0], bench_timeouts[:] = 1000.0, []
+    payload = gc.run_checks(gpus=1, quick=True, budget_s=250, notebooks=nbs[:1], only=["fsdp_mfu", "jour1_ladder"],
+                            out_path=tmp_path / "q2.json", log=lambda s: None)
+    assert bench_timeouts == [("fsdp_mfu", 180.0)]  # 70 s left: less than jour1 needs
+    assert [r["verdict"] for r in payload["results"]][1:] == ["not run: 70 s left, it needs 90 s", "ok"]
+    clock[0], bench_timeouts[:] = 1000.0, []
+    gc.run_checks(gpus=1, quick=True, budget_s=120, notebooks=nbs[:1], only=["fsdp_mfu"],
+                  out_path=tmp_path / "q3.json", log=lambda s: None)
+    assert bench_timeouts == [("fsdp_mfu", 120.0)]  # never more than the budget left
+
+
+@pytest.mark.parametrize("final_speedup, shown", [("12.5", "'12.5'"), (float("nan"), "nan"), (float("inf"), "inf"),
+                                                  (True, "True"), ([7], "[7]")])
+def test_a_malformed_value_is_one_invalid_row_and_the_table_is_written(monkeypatch, tmp_path, final_speedup, shown):
+    """A results.json whose final_speedup is a string, NaN or inf: 'invalid: final_speedup is ...', never met/MISSED,
+    never an exception that loses the other rows; not a failure either."""
+    def fake_run(bench, gpus, dry, out, **_):
+        if bench.name == "jour1_ladder":
+            (out / "results.json").write_text(json.dumps({"final_speedup": final_speedup, "final_decision": "faster"}))
+            return None
+        if bench.name == "mixcutmix":
+            (out / "mix.json").write_text(json.dumps({"rows": []}))  # not mix-bench's shape
+            return None
+        return [{"rank": 0, "status": "ok", "mfu": float("nan")}]
+
+    monkeypatch.setattr(gc, "_run_one", fake_run)
+    payload = gc.run_checks(gpus=1, only=["jour1_ladder", "mixcutmix", "fsdp_mfu"], out_path=tmp_path / "r.json",
+                            log=lambda s: None)
+    rows = {r["benchmark"]: r for r in payload["results"]}
+    assert rows["jour1_ladder"]["verdict"] == f"invalid: final_speedup is {shown}" and rows["jour1_ladder"]["value"] is None
+    assert rows["fsdp_mfu"]["verdict"] == "invalid: mfu is nan"
+    assert rows["mixcutmix"]["verdict"].startswith("invalid: speedup could not be read (KeyError")
+    assert all("\n" not in r["verdict"] for r in payload["results"]) and gc.failed(payload["results"]) == []
+    assert len(json.loads((tmp_path / "r.json").read_text())["results"]) == 3
+    assert len(gc.format_table(payload["results"], payload["title"]).splitlines()) == 2 + 3
+
+
+def test_a_hanging_launch_is_killed_whole_at_its_cap_and_reads_timed_out(tmp_path):
+    """A benchmark whose rank (under torchrun, as gpu-check launches it) starts `sleep 600` and a Python child with
+    a grandchild, then hangs: at the cap the row says "timed out after N s", and none of them, nor torchrun, runs."""
+    from dlo.runtime.process_tree import running
+
+    pids_file = tmp_path / "pids.json"
+    hang = gc.Benchmark("hang", "a rank that hangs", gc.Target("x", ">=", 1, "", "test"), 1,
+                        lambda gpus, dry, out, quick=False: ("launch", "tests/scripts/gpu_check_hang.py",
+                                                             [str(pids_file)], 1), lambda out, rec: (1.0, {}))
+    row = gc._benchmark_row(hang, gpus=1, dry_run=True, quick=True, left=300.0, cap=45.0, need=1.0,
+                            log=lambda s: None)
+    assert row["verdict"] == "timed out after 45 s" and row["value"] is None and 45 <= row["seconds"] < 90
+    assert pids_file.exists(), "the rank did not start within the cap on this machine"
+    pids = json.loads(pids_file.read_text())
+    assert set(pids) == {"rank", "launcher", "sleep", "child", "grandchild"}
+    left = {name: pid for name, pid in pids.items() if running(pid)}
+    assert not left, f"still running after the cap: {left}"
 
 
 def test_quick_bad_requests_are_one_line_before_anything_runs(monkeypatch, tmp_path):
@@ -387,3 +477,20 @@ def test_the_help_lists_every_benchmark_name_only_takes():
     from dlo.course.gpu_benchmarks import BENCHMARKS
 
     assert GPU_BENCHMARK_NAMES == tuple(b.name for b in BENCHMARKS)
+
+
+def test_fsdp_mfu_is_the_median_of_the_timed_repeats_with_its_spread_and_an_unsteady_one_is_said_so(tmp_path):
+    """MFU per timed repeat = tokens per step / its time x model FLOPs per token / the device's peak; the value is
+    their median, the band beside it; repeats that spread over the steadiness rule's limit give no value, saying so."""
+    fpt, peak, tokens = 2.0e10, 989e12, 32768
+    rec = {"rank": 0, "status": "ok", "mfu": 0.2, "flops_per_token": fpt, "peak_flops": peak, "predicted_gb": 64.5,
+           "peak_memory_gb": 66.0, "micro_batch": 2, "grad_accum": 8, "accum_sync": "every",
+           "checkpointing": "selective", "timing": _timed("fsdp", 2.0, rounds=10)}
+    rec["timing"]["items_per_call"] = tokens
+    value, details = gc._fsdp_parse(tmp_path, [rec])
+    assert value == pytest.approx(100 * tokens / 2.0 * fpt / peak, rel=0.01)
+    assert details["mfu_q25"] <= value <= details["mfu_q75"] and details["mfu_repeats"] == 10
+    assert 0 < details["mfu_spread"] < 0.05 and (details["predicted_gb"], details["peak_memory_gb"]) == (64.5, 66.0)
+    wild = {**rec, "timing": {**_timed("fsdp", 2.0, rounds=10, jitter=(0.5, 1.0, 2.0, 1.0)), "items_per_call": tokens}}
+    value, details = gc._fsdp_parse(tmp_path, [wild])
+    assert value is None and details["why"].startswith("refused: the MFU is unsteady: the repeats of the FSDP step")

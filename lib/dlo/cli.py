@@ -178,7 +178,7 @@ def _cmd_gpu_check(args: argparse.Namespace) -> int:
 
     payload = run_checks(dry_run=args.dry_run, only=args.only, skip=args.skip, out_path=args.out, quick=args.quick,
                          notebooks=args.notebooks, jobs=args.jobs, budget_s=args.budget)
-    print(format_table(payload["results"]))
+    print(format_table(payload["results"], payload["title"]))
     print(f"wrote {payload['path']}" + ("" if args.dry_run else ": commit it under results/"))
     return 1 if failed(payload["results"]) else 0
 
@@ -260,21 +260,25 @@ def _add_data_and_gpu_check(sub: Any) -> None:
 
     g = sub.add_parser("gpu-check", help="every full-profile benchmark on this GPU node, judged against its target")
     g.add_argument("--dry-run", action="store_true",
-                   help="the same commands on the CPU at smoke size (targets not judged); what CI runs")
+                   help="the same commands on the CPU at smoke size (DRY RUN: targets not judged); what CI runs")
     names = ", ".join(GPU_BENCHMARK_NAMES)
     g.add_argument("--only", nargs="+", default=None, metavar="NAME", help=f"run these benchmarks only: {names}")
     g.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave these benchmarks out (same names)")
     g.add_argument("--out", default=None, help="the JSON file (default results/gpu-check-<gpu>-<date>.json; "
                                                "runs/gpu-check/ for a dry run)")
+    from dlo.course.gpu_budget import DRY_BUDGET_S, QUICK_BUDGET_S, quick_plan_text  # no torch: --help stays light
+
     g.add_argument("--quick", action="store_true",
-                   help="one short acceptance run: every notebook's dry profile on the GPU (plain engine), then the "
-                        "one-GPU benchmarks with fewer timed steps, within --budget seconds")
+                   help="one short acceptance run, under 8 minutes on one GPU: the one-GPU target benchmarks first "
+                        f"with fewer timed steps, each under its cap: {quick_plan_text()}. A step cut by its cap reads "
+                        "'timed out after N s', one not started for lack of time 'not run' (neither is a failure)")
     g.add_argument("--notebooks", nargs="+", default=None, metavar="NB",
                    help="with --quick: these notebooks only (default: every course notebook)")
     g.add_argument("--jobs", type=int, default=None,
                    help="with --quick: notebooks run at a time (default: cores / 4, at most 4)")
     g.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                   help="with --quick: the whole run's time (default 450 s)")
+                   help=f"with --quick: the whole run's time (default {QUICK_BUDGET_S:.0f} s; "
+                        f"{DRY_BUDGET_S:.0f} s with --dry-run)")
     g.set_defaults(func=_cmd_gpu_check)
 
 

@@ -14,24 +14,32 @@ benchmark          what is measured                                             
 =================  ==================================================================  ================
 
 Each benchmark is a plain ``python -m dlo ...`` command or a course script started on one process per GPU
-(:func:`dlo.runtime.launch.launch`), needing only torch, torchvision and transformers. One that crashes is
-reported in one line and the others still run. The results go to ``results/gpu-check-<gpu>-<date>.json``
+(:func:`dlo.runtime.launch.launch`), needing only torch, torchvision and transformers, each run in a session of its
+own: at its cap the whole of it (torchrun, the ranks, whatever they started) is killed, and nothing of it is left
+before the next step starts (:mod:`dlo.runtime.process_tree`). One that crashes is reported in one line
+("failed: ...") and the others still run; one stopped by its cap reads "timed out after N s", one not started for
+lack of time "not run: N s left, it needs M s", one whose results hold no finite number "invalid: <field> is
+<value>": none of these is a failure, and only failures make the exit code 1.
+
+``--quick`` (:mod:`dlo.course.gpu_budget`) spends short GPU time on the targets first: ``fsdp_mfu``, then
+``jour1_ladder``, then ``mixcutmix``, each under its own cap, then the notebooks' dry profiles in what is left. The results go to ``results/gpu-check-<gpu>-<date>.json``
 (commit it), and one table says, per benchmark, the measured value, the target and the verdict.
 
 ``--dry-run`` runs the same commands on the CPU, scaled down: the multi-process benchmarks run the command a
 2-GPU node would run -- its precision, activation checkpointing, schedule, layout and micro-batch count --
 with only the sizes in :data:`DRY_SIZES` shrunk, on 2 gloo processes; the notebook and the single-process
 benchmarks run at smoke size. Every command line, code path, record and parser is exercised, the targets are
-not judged (a CPU says nothing about them), and the file goes to ``runs/gpu-check/`` instead of
-``results/``. CI runs it.
+not judged (a CPU says nothing about them: the table's first line and the JSON's ``title`` say DRY RUN), and the
+file goes to ``runs/gpu-check/`` instead of ``results/``; ``--quick --dry-run`` uses caps sized for a small CPU. CI
+runs it.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,21 +48,47 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dlo.course import gpu_budget
 from dlo.course.gpu_benchmarks import (  # noqa: F401  (the benchmarks, importable from here as before)
-    AIRBENCH94_A100_S, BENCHMARKS, DRY_GPUS, DRY_SIZES, JOUR1_QUICK, QUICK_STEPS, Benchmark, Target, _fsdp_parse,
-    _grid_parse, _jour1_parse, _mix_parse, _pipeline_parse, _race_parse, _tp_parse, shrink,
+    AIRBENCH94_A100_S, BENCHMARKS, DRY_GPUS, DRY_SIZES, FSDP_QUICK, JOUR1_QUICK, QUICK_STEPS, Benchmark, Target,
+    _fsdp_parse, _grid_parse, _jour1_parse, _mix_parse, _pipeline_parse, _race_parse, _tp_parse, fsdp_plan, shrink,
 )
+from dlo.course.gpu_budget import QUICK_BUDGET_S, QUICK_ORDER  # noqa: F401
 from dlo.course.notebooks import missing_packages, source_notebooks
 from dlo.measure.bench import environment_info
 from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.errors import first_line
-from dlo.runtime.launch import LaunchError, launch
 from dlo.runtime.paths import ROOT, env_with_dlo, run_dir
+from dlo.runtime.process_tree import run_capped
+from dlo.runtime.records import read_records
 
 
 # --------------------------------------------------------------------------------------------------
-# Running them
+# Running them: every step in a session of its own, stopped whole at its cap
 # --------------------------------------------------------------------------------------------------
+
+class StepTimedOut(Exception):
+    """A step stopped by its cap (or by what was left of the budget): not a failure, the row says so."""
+
+    def __init__(self, cap_s: float, last_line: str) -> None:
+        super().__init__(gpu_budget.timed_out(cap_s))
+        self.cap_s, self.last_line = cap_s, last_line
+
+
+#: A benchmark's launch, run in a Python of its own: at the cap, it and everything it launched (torchrun, the ranks,
+#: a fork server) are killed together (:func:`dlo.runtime.process_tree.run_capped`).
+_LAUNCH_STEP = """
+import json, sys
+from dlo.runtime.errors import first_line
+from dlo.runtime.launch import LaunchError, launch
+spec = json.loads(sys.argv[1])
+try:
+    launch(spec["script"], spec["args"], nproc=spec["nproc"], records_dir=spec["records"], echo=False)
+except (LaunchError, ValueError, RuntimeError) as exc:
+    print(first_line(exc), file=sys.stderr)
+    sys.exit(1)
+"""
+
 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
@@ -63,19 +97,24 @@ def _last_line(text: str) -> str:
 
 def _run_one(bench: Benchmark, gpus: int, dry: bool, out: Path, *, quick: bool = False,
              timeout_s: float | None = None) -> Any:
-    """Run one benchmark's command; returns what its parser reads besides files (the launch's records)."""
+    """Run one benchmark's command in a session of its own, for at most ``timeout_s`` (default its own); returns
+    what its parser reads besides files (a launch's records). StepTimedOut at the cap; RuntimeError on a crash."""
     command = bench.command(gpus, dry, out, quick)
-    env = {"CUDA_VISIBLE_DEVICES": ""} if dry else None  # a dry run stays on the CPU, even on a GPU node
+    env = env_with_dlo(**({"CUDA_VISIBLE_DEVICES": ""} if dry else {}))  # a dry run stays on the CPU
     timeout_s = timeout_s or bench.timeout_s
     if command[0] == "module":
-        done = subprocess.run([sys.executable, "-m", "dlo", *command[1]], cwd=ROOT, env=env_with_dlo(**(env or {})),
-                              timeout=timeout_s, capture_output=True, text=True)
-        if done.returncode not in bench.ok_exit_codes:
-            raise RuntimeError(f"exit code {done.returncode}: {_last_line(done.stderr or done.stdout)}")
-        return None
-    _, script, args, nproc = command
-    return launch(ROOT / script, args, nproc=nproc, records_dir=out / "records", env=env,
-                  timeout_s=timeout_s, echo=False)
+        argv, ok = [sys.executable, "-m", "dlo", *command[1]], bench.ok_exit_codes
+    else:
+        _, script, args, nproc = command
+        spec = {"script": str(ROOT / script), "args": list(args), "nproc": nproc, "records": str(out / "records")}
+        argv, ok = [sys.executable, "-c", _LAUNCH_STEP, json.dumps(spec)], (0,)
+    done = run_capped(argv, timeout_s=timeout_s, cwd=ROOT, env=env)
+    if done.timed_out:
+        raise StepTimedOut(timeout_s, _last_line(done.stdout + done.stderr))
+    if done.returncode not in ok:
+        error = _last_line(done.stderr or done.stdout)
+        raise RuntimeError(error if command[0] == "launch" else f"exit code {done.returncode}: {error}")
+    return read_records(out / "records") if command[0] == "launch" else None
 
 
 def _gpu_name() -> str:
@@ -89,30 +128,57 @@ def verdict(bench: Benchmark, value: float | None, details: Mapping[str, Any], d
         return f"no value: {details.get('why', 'not measured')}"
     if dry:
         return "dry run: not judged"
+    if details.get("missed"):
+        return f"MISSED: {details['missed']}"
     return "met" if bench.target.met(value) else "MISSED"
 
 
+def _not_a_number(value: Any) -> str | None:
+    """How a parsed value that is not a finite number reads (one line, short), or None when it is one (or None)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return None
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _judge(bench: Benchmark, out: Path, outputs: Any, dry: bool) -> dict[str, Any]:
+    """Read and judge a benchmark's output. A results file of the wrong shape (a string, NaN or inf where a number
+    is expected, a field missing) is one "invalid: ..." row, never "met"/"MISSED" and never an exception."""
+    try:
+        value, details = bench.parse(out, outputs)
+    except OSError as exc:
+        return {"value": None, "verdict": f"failed: {first_line(exc)}"}
+    except Exception as exc:  # noqa: BLE001 - whatever the file holds, the table is written
+        return {"value": None, "verdict": f"invalid: {bench.field} could not be read ({type(exc).__name__}: "
+                                          f"{first_line(exc)})"}
+    bad = _not_a_number(value)
+    if bad is not None:
+        return {"value": None, "details": details, "verdict": f"invalid: {bench.field} is {bad}"}
+    return {"value": value, "details": details, "verdict": verdict(bench, value, details, dry)}
+
+
 # --------------------------------------------------------------------------------------------------
-# --quick: every notebook's dry profile on the GPU, then the one-GPU benchmarks, in one short run
+# --quick: the one-GPU target benchmarks first, each under its cap, then the notebooks' dry profiles
 # --------------------------------------------------------------------------------------------------
 
-#: The whole of ``--quick``, notebooks and benchmarks (a step never starts past it, nor runs beyond it).
-QUICK_BUDGET_S = 450.0
-#: The cap on one notebook's dry profile in ``--quick`` (on a GPU node most take 10-60 s).
-NOTEBOOK_TIMEOUT_S = 180.0
+#: The caps on a GPU (dlo.course.gpu_budget), under their former names.
+NOTEBOOK_TIMEOUT_S = gpu_budget.NOTEBOOK_CAP_S
 _TOO_FEW_GPUS = re.compile(r"failed with TooFewGPUs: .*? launches (\d+) processes but only (\d+) GPU")
 
 
 def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 900.0, dry: bool = False,
                       env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Run one notebook's ``dry`` profile as ``python -m dlo run NB --engine plain --profile dry`` (the plain engine:
-    what a GPU node without Jupyter runs) in its own Python; on the GPU when one is visible, unless ``dry`` (then
-    ``CUDA_VISIBLE_DEVICES`` is emptied). ``env``: the environment to start from (default this process's).
+    what a GPU node without Jupyter runs) in its own Python and session, for at most ``timeout_s``; on the GPU when
+    one is visible, unless ``dry`` (then ``CUDA_VISIBLE_DEVICES`` is emptied). ``env``: the environment to start
+    from (default this process's).
 
     Returns a row: ``notebook`` (path from the repository root), ``seconds``, ``verdict`` ("ok", "failed: <the
-    error's one line>", or "skipped: <why>" for a notebook whose launches need more GPUs than visible or that imports
-    a package this Python lacks, e.g. Optuna on a bare node), ``output_tail`` (its last lines, on failure) and
-    ``returncode``."""
+    error's one line>", "timed out after N s", or "skipped: <why>" for a notebook whose launches need more GPUs than
+    visible or that imports a package this Python lacks, e.g. Optuna on a bare node), ``output_tail`` (its last
+    lines, on failure or timeout) and ``returncode``."""
     path = Path(path).resolve()
     name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     row: dict[str, Any] = {"notebook": name, "seconds": 0.0}
@@ -122,18 +188,13 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
     extra = {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "DLO_RUNS_DIR": str(out.parent),
              **({"CUDA_VISIBLE_DEVICES": ""} if dry else {})}
     full_env = env_with_dlo(None if env is None else dict(env), **extra)
-    start = time.monotonic()
-    try:
-        done = subprocess.run([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
-                               "--out-dir", str(out)], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        text = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return {**row, "seconds": round(time.monotonic() - start, 1), "returncode": None,
-                "verdict": f"failed: still running after {timeout_s:.0f} s (last line: {_last_line(text)})",
+    done = run_capped([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
+                       "--out-dir", str(out)], timeout_s=timeout_s, cwd=ROOT, env=full_env)
+    row.update(seconds=round(done.seconds, 1), returncode=done.returncode)
+    text = done.stdout + done.stderr
+    if done.timed_out:
+        return {**row, "verdict": gpu_budget.timed_out(timeout_s), "last_line": _last_line(text),
                 "output_tail": text.strip().splitlines()[-15:]}
-    row.update(seconds=round(time.monotonic() - start, 1), returncode=done.returncode)
-    text = (done.stdout or "") + (done.stderr or "")
     if done.returncode == 0:
         return {**row, "verdict": "ok"}
     error = _last_line(done.stderr or done.stdout).removeprefix("error: ")
@@ -146,18 +207,20 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
 def _rehearse_all(notebooks: list[Path], *, dry: bool, jobs: int, deadline: float, work: Path,
                   log: Callable[[str], None]) -> list[dict[str, Any]]:
     """:func:`rehearse_notebook` for each notebook, ``jobs`` at a time (their timing is not judged: they may share
-    the GPU), none started past ``deadline`` (time.monotonic()) nor allowed to run beyond it."""
+    the GPU), each under its cap and never beyond ``deadline`` (time.monotonic()); one that would start with less
+    left than a notebook needs is not started, and its row says so."""
     from concurrent.futures import ThreadPoolExecutor
 
+    _, _, cap_s, need_s, _ = gpu_budget.caps(dry)
     threads = max(1, (os.cpu_count() or 1) // jobs)
 
     def one(path: Path) -> dict[str, Any]:
         left = deadline - time.monotonic()
         name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-        if left < 5:
-            return {"notebook": name, "seconds": 0.0, "verdict": "not run: the quick budget was spent"}
+        if left < need_s:
+            return {"notebook": name, "seconds": 0.0, "verdict": gpu_budget.not_run(left, need_s)}
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads))}
-        row = rehearse_notebook(path, work / path.stem, timeout_s=min(NOTEBOOK_TIMEOUT_S, left), dry=dry, env=env)
+        row = rehearse_notebook(path, work / path.stem, timeout_s=min(cap_s, left), dry=dry, env=env)
         log(f"[gpu-check] {name}: {row['verdict']} ({row['seconds']:.0f} s)")
         return row
 
@@ -165,17 +228,9 @@ def _rehearse_all(notebooks: list[Path], *, dry: bool, jobs: int, deadline: floa
         return list(pool.map(one, notebooks))
 
 
-def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: list[str] | None = None,
-               out_path: str | os.PathLike | None = None, gpus: int | None = None, quick: bool = False,
-               notebooks: list[str] | None = None, jobs: int | None = None, budget_s: float | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the selected benchmarks; write and return ``{"environment", "dry_run", "quick", "results": [...]}``.
-
-    ``quick``: first every course notebook's ``dry`` profile (or those in ``notebooks``) on the GPU through the
-    plain engine, ``jobs`` at a time, then the one-GPU benchmarks with fewer timed steps, alone; all of it within
-    ``budget_s`` seconds (default :data:`QUICK_BUDGET_S`; a step is capped at what is left; what cannot start is
-    reported "not run"). Multi-GPU benchmarks are skipped there with what they need. The JSON then has one row per
-    notebook too."""
+def _check_request(*, dry_run: bool, only: list[str] | None, skip: list[str] | None, quick: bool,
+                   notebooks: list[str] | None, jobs: int | None, budget_s: float | None, gpus: int) -> list[Path]:
+    """Every argument checked before anything runs (one line each); returns the notebooks ``--quick`` rehearses."""
     names = [b.name for b in BENCHMARKS]
     for name in [*(only or []), *(skip or [])]:
         if name not in names:
@@ -188,8 +243,6 @@ def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: li
         absent = [str(nb) for nb in chosen if not nb.is_file() or nb.suffix != ".ipynb"]
         if absent:
             raise ValueError(f"no notebook at {', '.join(absent)}: give paths of .ipynb files, e.g. Jour1/jour1.ipynb")
-    if gpus is None:
-        gpus = torch.cuda.device_count()
     if not dry_run and gpus == 0:
         raise ValueError("no GPU is visible: run this on a GPU node, or use --dry-run to check the commands on CPU")
     if (jobs is not None or budget_s is not None) and not quick:
@@ -198,74 +251,135 @@ def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: li
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"--budget must be a positive number of seconds, got {budget_s}")
-    budget_s = QUICK_BUDGET_S if budget_s is None else budget_s
+    return chosen
+
+
+def _ordered(quick: bool) -> list[Benchmark]:
+    """The benchmarks in the order they run: ``--quick``'s (:data:`QUICK_ORDER`, the one-GPU targets first)."""
+    if not quick:
+        return list(BENCHMARKS)
+    rank = {name: i for i, name in enumerate(QUICK_ORDER)}
+    return sorted(BENCHMARKS, key=lambda b: rank.get(b.name, len(rank)))
+
+
+def title(dry_run: bool, quick: bool, budget_s: float | None = None) -> str:
+    """The table's first line (also in the JSON): what kind of run this was."""
+    kind = "quick acceptance run" + (f", {budget_s:.0f} s budget" if budget_s else "") if quick else "full benchmarks"
+    if dry_run:
+        return f"DRY RUN (targets not judged): gpu-check {kind}, the commands checked on the CPU at smoke size"
+    return f"gpu-check {kind}: measured values judged against their targets"
+
+
+def run_checks(*, dry_run: bool = False, only: list[str] | None = None, skip: list[str] | None = None,
+               out_path: str | os.PathLike | None = None, gpus: int | None = None, quick: bool = False,
+               notebooks: list[str] | None = None, jobs: int | None = None, budget_s: float | None = None,
+               log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the selected benchmarks; write and return ``{"title", "environment", "dry_run", "quick", "results"}``.
+
+    ``quick``: the benchmarks first, one-GPU targets in :data:`QUICK_ORDER`, each under its cap
+    (:mod:`dlo.course.gpu_budget`), then every course notebook's ``dry`` profile (or those in ``notebooks``) through
+    the plain engine, ``jobs`` at a time, in what is left of ``budget_s`` seconds (default
+    :data:`QUICK_BUDGET_S`, on a CPU ``gpu_budget.DRY_BUDGET_S``): a step is never allowed more than the budget
+    left, and one that needs more than is left is reported "not run" with both figures. The JSON then has one row
+    per notebook too."""
+    gpus = torch.cuda.device_count() if gpus is None else gpus
+    chosen = _check_request(dry_run=dry_run, only=only, skip=skip, quick=quick, notebooks=notebooks, jobs=jobs,
+                            budget_s=budget_s, gpus=gpus)
+    caps, needs, _, _, default_budget = gpu_budget.caps(dry_run)
+    budget_s = (default_budget if budget_s is None else budget_s) if quick else None
     gpu_name = "cpu" if dry_run else _gpu_name()
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")
     slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu_name).strip("-").lower() + ("-quick" if quick else "")
     path = Path(out_path) if out_path else (run_dir("gpu-check") if dry_run else ROOT / "results") / \
         f"gpu-check-{slug}-{stamp}.json"
     deadline = time.monotonic() + budget_s if quick else float("inf")
+    log(f"[gpu-check] {title(dry_run, quick, budget_s)}")
     results: list[dict[str, Any]] = []
+    for bench in _ordered(quick):
+        if (only and bench.name not in only) or (skip and bench.name in skip):
+            continue
+        try:
+            row = _benchmark_row(bench, gpus=gpus, dry_run=dry_run, quick=quick, left=deadline - time.monotonic(),
+                                 cap=caps.get(bench.name, 60.0), need=needs.get(bench.name, 10.0), log=log)
+        except Exception as exc:  # noqa: BLE001 - one benchmark's surprise never loses the others' rows
+            row = {"benchmark": bench.name, "seconds": 0.0, "value": None,
+                   "verdict": f"failed: {type(exc).__name__}: {first_line(exc)}"}
+        results.append(row)
+        log(f"[gpu-check] {bench.name}: {row['verdict']}")
     if quick and chosen:
         jobs = jobs or max(1, min(4, (os.cpu_count() or 1) // 4))
         log(f"[gpu-check] {len(chosen)} notebooks' dry profile, {jobs} at a time, "
-            f"{'on the CPU' if dry_run else 'on the GPU'} (plain engine) ...")
+            f"{'on the CPU' if dry_run else 'on the GPU'} (plain engine), in the {deadline - time.monotonic():.0f} s "
+            "left ...")
         with tempfile.TemporaryDirectory(prefix="gpu-check-notebooks-") as tmp:
             results += _rehearse_all(chosen, dry=dry_run, jobs=jobs, deadline=deadline, work=Path(tmp), log=log)
-    for bench in BENCHMARKS:
-        if (only and bench.name not in only) or (skip and bench.name in skip):
-            continue
-        row = _benchmark_row(bench, gpus=gpus, dry_run=dry_run, quick=quick, left=deadline - time.monotonic(), log=log)
-        results.append(row)
-        log(f"[gpu-check] {bench.name}: {row['verdict']}")
     device = "cuda" if torch.cuda.is_available() and not dry_run else "cpu"
-    payload = {"environment": environment_info(device), "dry_run": dry_run, "quick": quick, "gpus": gpus,
-               "results": results}
+    payload = {"title": title(dry_run, quick, budget_s), "environment": environment_info(device), "dry_run": dry_run,
+               "quick": quick, "gpus": gpus, "budget_s": budget_s, "results": results}
     atomic_write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
     payload["path"] = str(path)
     return payload
 
 
-def _benchmark_row(bench: Benchmark, *, gpus: int, dry_run: bool, quick: bool, left: float,
-                   log: Callable[[str], None]) -> dict[str, Any]:
-    """Run one benchmark (or say why not: too few GPUs, unavailable here, no time left) and judge its value."""
+def _fsdp_plan_line(gpus: int, dry_run: bool) -> tuple[dict[str, Any], str]:
+    """The FSDP benchmark's configuration for this node (a dry run: the 80 GB one its command is shrunk from)."""
+    plan = fsdp_plan(DRY_GPUS if dry_run else gpus)
+    return plan, (f"sized to {plan['device_gb']:.0f} GB per GPU: --micro-batch {plan['micro_batch']} x 2048 "
+                  f"--grad-accum {plan['grad_accum']} --accum-sync {plan['accum_sync']} --checkpointing "
+                  f"{plan['checkpointing']}: predicted peak {plan['predicted_gb']:.1f} GB (under "
+                  f"{plan['limit_gb']:.1f} GB: the device less the CUDA context and a {plan['margin']:.0%} margin)")
+
+
+def _benchmark_row(bench: Benchmark, *, gpus: int, dry_run: bool, quick: bool, left: float, log: Callable[[str], None],
+                   cap: float = 240.0, need: float = 5.0) -> dict[str, Any]:
+    """Run one benchmark (or say why not: too few GPUs, unavailable here, not in --quick, not enough time left) and
+    judge its value. In ``quick``, it runs for at most ``cap`` seconds and never beyond ``left``, and is not started
+    with less than ``need`` left."""
     row: dict[str, Any] = {"benchmark": bench.name, "what": bench.what, "target": bench.target.text(),
                            "target_source": bench.target.source, "seconds": 0.0}
     why_not = bench.unavailable(dry_run)
     if not dry_run and gpus < bench.min_gpus:
         return {**row, "value": None, "verdict": f"skipped: needs {bench.min_gpus} GPUs, {gpus} visible"}
+    if quick and bench.name in gpu_budget.NOT_QUICK:
+        return {**row, "value": None, "verdict": f"skipped: {gpu_budget.NOT_QUICK[bench.name]}"}
     if why_not:
         return {**row, "value": None, "verdict": f"skipped: {why_not}"}
-    if left < 5:
-        return {**row, "value": None, "verdict": "not run: the quick budget was spent"}
+    if quick and left < need:
+        return {**row, "value": None, "verdict": gpu_budget.not_run(left, need)}
     log(f"[gpu-check] {bench.name}: {bench.what} ...")
-    timeout_s = min(bench.quick_timeout_s, left) if quick else bench.timeout_s
+    if bench.name == "fsdp_mfu":
+        row["plan"], line = _fsdp_plan_line(gpus, dry_run)
+        log(f"[gpu-check] fsdp_mfu: {line}")
+    timeout_s = min(cap, left) if quick else bench.timeout_s
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{bench.name}-") as tmp:
         try:
-            value, details = bench.parse(Path(tmp), _run_one(bench, gpus, dry_run, Path(tmp), quick=quick,
-                                                             timeout_s=timeout_s))
-            row.update(value=value, details=details, verdict=verdict(bench, value, details, dry_run))
-        except subprocess.TimeoutExpired:
-            row.update(value=None, verdict=f"failed: still running after {timeout_s:.0f} s")
-        except (LaunchError, RuntimeError, OSError, ValueError, KeyError) as exc:
+            outputs = _run_one(bench, gpus, dry_run, Path(tmp), quick=quick, timeout_s=timeout_s)
+        except StepTimedOut as exc:
+            row.update(value=None, verdict=str(exc), last_line=exc.last_line)
+        except (RuntimeError, OSError, ValueError) as exc:
             row.update(value=None, verdict=f"failed: {first_line(exc)}")
+        else:
+            row.update(_judge(bench, Path(tmp), outputs, dry_run))
     row["seconds"] = round(time.monotonic() - start, 1)
     return row
 
 
 def failed(results: list[Mapping[str, Any]]) -> list[str]:
-    """The names of the rows that failed (a crash, a timeout): what makes ``dlo gpu-check`` exit 1."""
+    """The names of the rows that failed (a crash): what makes ``dlo gpu-check`` exit 1. A step stopped by its cap
+    ("timed out"), not started for lack of time ("not run"), skipped or invalid is not a failure."""
     return [r.get("benchmark") or r.get("notebook") for r in results if str(r["verdict"]).startswith("failed")]
 
 
-def format_table(results: list[Mapping[str, Any]]) -> str:
-    """One line per notebook or benchmark: name, seconds, measured value, target, verdict."""
+def format_table(results: list[Mapping[str, Any]], heading: str | None = None) -> str:
+    """One line per notebook or benchmark: name, seconds, measured value, target, verdict; ``heading`` first."""
     width = max([15, *(len(str(r.get("benchmark") or r.get("notebook"))) for r in results)])
-    lines = [f"{'notebook or benchmark':<{width}} {'seconds':>7} {'measured':>10} {'target':>10}  verdict"]
+    lines = [heading] if heading else []
+    lines.append(f"{'notebook or benchmark':<{width}} {'seconds':>7} {'measured':>10} {'target':>10}  verdict")
     for r in results:
-        value = "-" if r.get("value") is None else f"{r['value']:.3g}"
+        value = r.get("value")
+        shown = "-" if value is None else f"{value:.3g}" if _not_a_number(value) is None else "?"
         name = r.get("benchmark") or r.get("notebook")
-        lines.append(f"{name:<{width}} {r.get('seconds', 0.0):>7.0f} {value:>10} {r.get('target', '-'):>10}  "
+        lines.append(f"{name:<{width}} {r.get('seconds', 0.0):>7.0f} {shown:>10} {r.get('target', '-'):>10}  "
                      f"{r['verdict']}")
     return "\n".join(lines)

@@ -24,7 +24,8 @@ bytes, so reading it as 80e9 leaves ≈ 5 GB for the CUDA context, communication
 fragmentation, which a real job needs anyway).
 
 Its modules: ``calculator`` (parameters, model states, activations, per-GPU memory), ``fsdp_peak`` (an FSDP2
-step's peak term by term; fits, min_gpus, max_batch) and ``tracker`` (:class:`TensorMemoryTracker`).
+step's peak term by term; fits, min_gpus, max_batch), ``fsdp_plan`` (the largest FSDP2 configuration that fits a
+device) and ``tracker`` (:class:`TensorMemoryTracker`).
 """
 from __future__ import annotations
 
@@ -41,11 +42,13 @@ from .fsdp_peak import (
 from .tracker import (
     TensorMemoryTracker,
 )
+from .fsdp_plan import PEAK_MARGIN, largest_fitting
 
 __all__ = [
     "GB", "GiB", "OPTIMIZERS", "PRECISIONS", "STRATEGIES", "ACTIVATION_METHODS", "count_parameters",
     "hf_parameter_count", "parameter_count", "training_memory", "activation_memory_per_token",
     "activation_memory", "per_gpu_memory", "OPTIMIZER_IMPLS", "LOSS_MODES", "CUDA_CONTEXT_BYTES",
     "FSDP2_FORWARD_BACKWARD_TERMS", "selective_activation_per_token", "optimizer_step_temporaries",
-    "fsdp2_peak_memory", "fits", "min_gpus", "max_batch", "to_gb", "TensorMemoryTracker",
+    "fsdp2_peak_memory", "fits", "min_gpus", "max_batch", "to_gb", "TensorMemoryTracker", "PEAK_MARGIN",
+    "largest_fitting",
 ]
