@@ -444,3 +444,11 @@ def test_nbval_plugin_gives_late_outputs_a_minute():
     items = [IPyNbCell(), Other()]
     _pytest_nbval.pytest_collection_modifyitems(items)
     assert (items[0].output_timeout, items[1].output_timeout) == (60, 5)
+
+
+@pytest.mark.parametrize("nb", nbs.source_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_cell_has_a_unique_id(nb):
+    """nbformat 4.5: a cell without an id is a warning today and an error in future nbformat versions; nbval also
+    warns on duplicated ids."""
+    ids = [c.get("id") for c in json.loads(nb.read_text())["cells"]]
+    assert None not in ids and len(ids) == len(set(ids)), nb
