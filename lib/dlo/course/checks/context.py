@@ -11,7 +11,14 @@ float32 and -800 in float64 (a plain exponential underflows to 0, even after a c
 many queries as head dimensions (a weight that does not broadcast along the head dimension multiplies the wrong
 axis silently); a chain of three merges (a wrong lse spoils the next one).
 
-``ring_step`` is checked in :mod:`dlo.course.checks.context_ring`.
+Beyond these fixed cases, :func:`generated_merge_cases` draws seeded cases over the dtype (fp64, fp32, bf16), batch,
+heads, odd and even query counts, head_dim, score scale and shift, and a side empty or not; the gradients of the
+merge with respect to its four inputs are compared with the reference's as well as its values.
+
+``ring_step`` is checked on one query chunk against one key chunk of each kind, then over whole simulated rings
+(:func:`generated_ring_cases`: cp = 2, 3, 4, both layouts, odd chunk lengths, heads, head_dim, fp64 / fp32 / bf16),
+values and gradients (q, k, v) compared with causal attention over the whole sequence. The exercise is causal by
+construction and takes K/V with the query's heads (grouped-query K/V are repeated before it is called).
 """
 from __future__ import annotations
 
@@ -178,22 +185,85 @@ MERGE_CASES = [
 ]
 
 
+#: Tolerances by dtype (relative to 1 + |expected|): a bf16 result carries bf16's rounding (8 bits), not an error.
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 3e-2}
+
+
+def generated_merge_cases(seed: int, n: int):
+    """``n`` seeded cases ``(where, shape, scale, shift, dtype, masked)`` over what the merge's correctness depends on:
+    dtype (fp64, fp32, bf16), batch and heads (1 to 3), odd and even query counts (1 to 9), head_dim 1 to 16, query
+    scale, a shift of every score, and a side fully masked for some queries (causal) or none. A small generator of
+    our own rather than Hypothesis: the same cases on every run, in a fixed order, so a failure names a case."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=g))]  # noqa: E731
+    cases = []
+    for _ in range(n):
+        dtype = pick((torch.float64, torch.float32, torch.bfloat16))
+        shape = (pick((1, 2)), pick((1, 2, 3)), pick((1, 2, 5, 7, 8, 9)), pick((1, 3, 4, 8, 16)))
+        masked = pick(("", "", "a", "b")) if shape[2] > 1 else ""
+        scale, shift = pick((0.5, 1.0, 3.0)), pick((0.0, 0.0, 30.0, -50.0))
+        where = (f"generated case: {str(dtype).split('.')[-1]}, [batch, heads, seq, head_dim] = {list(shape)}, "
+                 f"scores x{scale} shifted by {shift:g}" + (f", part {masked} empty for some queries" if masked else ""))
+        cases.append((where, shape, scale, shift, dtype, masked))
+    return cases
+
+
+def _merge_case(merge_partial: Callable, g: torch.Generator, case) -> None:
+    where, shape, scale, shift, dtype, masked = case
+    (oa, la), (ob, lb), _ = _case(g, shape, scale, masked)
+    # shifting every score by a constant leaves out unchanged and shifts lse: a real attention still
+    args = [t.to(dtype) for t in (oa, la + shift, ob, lb + shift)]
+    want_out, want_lse = _reference(*(t.double() for t in args))  # the exact merge of the rounded inputs
+    # float32 lse of a few hundred carry an error of ~1e-5 themselves: the tolerance follows their size
+    big = float(torch.nan_to_num(want_lse.abs(), posinf=0).max())
+    tol = TOLERANCE[dtype] * (1 + (big if big > 10 else 0))
+    copies = [t.clone() for t in args]
+    out, lse = _call(merge_partial, copies, where)
+    expect(all(torch.equal(a, b) for a, b in zip(copies, args)),
+           f"{where}: do not modify the inputs in place: return new tensors")
+    _diagnose(where, args, out, lse, want_out, want_lse, tol)
+    if not masked and dtype != torch.bfloat16:
+        _merge_gradients(merge_partial, g, where, args, tol)
+
+
+def _merge_gradients(merge_partial: Callable, g: torch.Generator, where: str, args, tol: float) -> None:
+    """The gradients of a random weighting of (out, lse) with respect to the four inputs equal the reference's."""
+    g_out = torch.randn(args[0].shape, generator=g, dtype=torch.float64)
+    g_lse = torch.randn(args[1].shape, generator=g, dtype=torch.float64)
+
+    def grads(fn, inputs):
+        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        out, lse = fn(*inputs)
+        if not (out.requires_grad or lse.requires_grad):
+            return [None] * 4
+        loss = (out.double() * g_out).sum() + (lse.double() * g_lse).sum()
+        return list(torch.autograd.grad(loss, inputs, allow_unused=True))
+
+    got, want = grads(merge_partial, args), grads(_reference, [t.double() for t in args])
+    for name, a, b in zip(("out_a", "lse_a", "out_b", "lse_b"), got, want):
+        if a is None:
+            raise CheckFailed(f"{where}: out and lse are right, but no gradient reaches {name}: part of the "
+                              "computation is cut from autograd (a torch.no_grad block, a .detach(), a number taken "
+                              "out with .item()...); the ring's backward needs the merge to stay differentiable")
+        if not bool(torch.isfinite(a).all()):
+            raise CheckFailed(f"{where}: out and lse are right and finite, but their gradient with respect to {name} "
+                              "holds NaN or inf: a term that overflows still gets a gradient even where its value is "
+                              "discarded (0 * inf = NaN, e.g. in the branch torch.where does not take): exponentiate "
+                              "only differences that are <= 0")
+        diff = float((a.double() - b).abs().max())
+        if not diff <= 10 * tol * (1 + float(b.abs().max())):
+            raise CheckFailed(f"{where}: out and lse are right, but their gradient with respect to {name} differs from "
+                              f"the reference's by up to {diff:.3g}: part of the computation does not reach autograd "
+                              "as it is (e.g. weights computed under torch.no_grad or detached)")
+
+
 @register("context", "merge", ("merge_partial",), CONTEXT_NB)
 def _check_merge(merge_partial: Callable) -> str:
     g = torch.Generator().manual_seed(0)
-    for where, shape, scale, shift, dtype, tol, masked in MERGE_CASES:
-        (oa, la), (ob, lb), _ = _case(g, shape, scale, masked)
-        # shifting every score by a constant leaves out unchanged and shifts lse: a real attention still
-        args = [t.to(dtype) for t in (oa, la + shift, ob, lb + shift)]
-        want_out, want_lse = _reference(*(t.double() for t in args))  # the exact merge of the rounded inputs
-        # float32 lse of a few hundred carry an error of ~1e-5 themselves: the tolerance follows their size
-        big = float(torch.nan_to_num(want_lse.abs(), posinf=0).max())
-        tol_here = tol * (1 + (big if big > 10 else 0))
-        copies = [t.clone() for t in args]
-        out, lse = _call(merge_partial, copies, where)
-        expect(all(torch.equal(a, b) for a, b in zip(copies, args)),
-               f"{where}: do not modify the inputs in place: return new tensors")
-        _diagnose(where, args, out, lse, want_out, want_lse, tol_here)
+    for where, shape, scale, shift, dtype, _, masked in MERGE_CASES:
+        _merge_case(merge_partial, g, (where, shape, scale, shift, dtype, masked))
+    for case in generated_merge_cases(seed=2024, n=24):
+        _merge_case(merge_partial, g, case)
     # associativity: (a ∪ b) ∪ c, with the lse the student returned, equals the attention over all three
     q = torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64)
     k = torch.randn(2, 2, 12, 8, generator=g, dtype=torch.float64)
@@ -293,42 +363,82 @@ def _check_kinds(ring_step: Callable, g: torch.Generator) -> None:
                              f"{float((got[0] - want[0]).abs().max()):.3g}")
 
 
-#: (where, ranks, chunk length, layout): odd chunk lengths, 2 and 3 ranks, both layouts
+#: (where, ranks, chunk length, layout, heads, head_dim, dtype): fixed cases, then :func:`generated_ring_cases`
 RING_CASES = [
-    ("2 ranks, balanced, chunks of 3", 2, 3, "balanced"),
-    ("3 ranks, balanced, chunks of 5", 3, 5, "balanced"),
-    ("3 ranks, contiguous, chunks of 3", 3, 3, "contiguous"),
+    ("2 ranks, balanced, chunks of 3", 2, 3, "balanced", 2, 4, torch.float64),
+    ("3 ranks, balanced, chunks of 5", 3, 5, "balanced", 2, 4, torch.float64),
+    ("3 ranks, contiguous, chunks of 3", 3, 3, "contiguous", 2, 4, torch.float64),
 ]
+RING_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 6e-2}
+
+
+def generated_ring_cases(seed: int, n: int):
+    """``n`` seeded ring cases over cp = 2, 3, 4, both layouts, odd and even chunk lengths (1 to 5), 1 to 3 heads,
+    head_dim 1 to 8, fp64 / fp32 / bf16 (a fixed generator of our own, as for the merge: same cases every run)."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda options: options[int(torch.randint(len(options), (1,), generator=g))]  # noqa: E731
+    cases = []
+    for _ in range(n):
+        cp, c, layout = pick((2, 3, 4)), pick((1, 2, 3, 5)), pick(("balanced", "contiguous"))
+        heads, d, dtype = pick((1, 3)), pick((1, 4, 8)), pick((torch.float64, torch.float32, torch.bfloat16))
+        cases.append((f"generated case: {cp} ranks, {layout}, chunks of {c}, {heads} head(s), head_dim {d}, "
+                      f"{str(dtype).split('.')[-1]}", cp, c, layout, heads, d, dtype))
+    return cases
+
+
+def _ring_case(ring_step: Callable, g: torch.Generator, case) -> None:
+    where, cp, c, layout, heads, d, dtype = case
+    seq = C.num_chunks(cp, layout) * c
+    q, k, v = (torch.randn(1, heads, seq, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+               for _ in range(3))
+    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    outs = []
+    for rank in range(cp):
+        q_chunks = C.rank_chunks(rank, cp, layout)
+        parts, merge, blocks = [None] * len(q_chunks), _CountingMerge(), 0
+        for step in range(cp):  # the K/V block of rank - step arrives at step `step`
+            src = (rank - step) % cp
+            k_chunks = C.rank_chunks(src, cp, layout)
+            blocks += sum(kc <= qc for qc in q_chunks for kc in k_chunks)
+            parts = _step(ring_step, parts, C.shard(q, cp, rank, layout), q_chunks, C.shard(k, cp, src, layout),
+                          C.shard(v, cp, src, layout), k_chunks, merge, f"{where}, rank {rank}, step {step}")
+        expect(all(p is not None for p in parts), f"{where}, rank {rank}: a query chunk saw no key after the "
+                                                  "whole ring")
+        expect(merge.calls == blocks - len(q_chunks),
+               f"{where}, rank {rank}: {merge.calls} merges for {blocks} visible blocks over {len(q_chunks)} "
+               "query chunks: each visible block is merged once into its chunk's running result, the first one "
+               "taken as it is, and a fully masked block never")
+        outs.append(torch.cat([p[0] for p in parts], -2))
+    order = torch.argsort(torch.cat([C.shard_positions(seq, cp, r, layout) for r in range(cp)]))
+    got = torch.cat(outs, -2)[..., order, :]
+    expect(got.dtype == dtype, f"{where}: keep the inputs' dtype {dtype}, got {got.dtype}")
+    ref_in = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    want = attention(*ref_in, causal)[0]
+    tol = RING_TOLERANCE[dtype]
+    expect(_close(got, want, tol), f"{where}: the ring's result differs from causal attention over the whole "
+                                   f"sequence by {float((got.detach().double() - want.detach()).abs().max()):.3g}")
+    if dtype == torch.bfloat16:
+        return
+    g_out = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    wanted = torch.autograd.grad((want * g_out).sum(), ref_in)
+    if not got.requires_grad:
+        raise CheckFailed(f"{where}: the ring's result is right, but no gradient reaches q, k or v: part of the step "
+                          "is cut from autograd (a torch.no_grad block, a .detach()...); ring attention is trained "
+                          "through")
+    grads = torch.autograd.grad((got.double() * g_out).sum(), (q, k, v), allow_unused=True)
+    for name, a, b in zip("qkv", grads, wanted):
+        diff = float("inf") if a is None else float((a.double() - b).abs().max())
+        expect(diff <= 100 * tol * (1 + float(b.abs().max())),
+               f"{where}: the ring's result is right, but its gradient with respect to {name} differs from causal "
+               f"attention's by up to {diff:.3g}: part of the step does not reach autograd as it is")
 
 
 @register("context", "ring_step", ("ring_step",), CONTEXT_NB)
 def _check_ring_step(ring_step: Callable) -> str:
     g = torch.Generator().manual_seed(1)
     _check_kinds(ring_step, g)
-    for where, cp, c, layout in RING_CASES:
-        seq = C.num_chunks(cp, layout) * c
-        q, k, v = (torch.randn(1, 2, seq, 4, generator=g, dtype=torch.float64) for _ in range(3))
-        want = attention(q, k, v, torch.ones(seq, seq, dtype=torch.bool).tril())[0]
-        outs = []
-        for rank in range(cp):
-            q_chunks = C.rank_chunks(rank, cp, layout)
-            parts, merge, blocks = [None] * len(q_chunks), _CountingMerge(), 0
-            for step in range(cp):  # the K/V block of rank - step arrives at step `step`
-                src = (rank - step) % cp
-                k_chunks = C.rank_chunks(src, cp, layout)
-                blocks += sum(kc <= qc for qc in q_chunks for kc in k_chunks)
-                parts = _step(ring_step, parts, C.shard(q, cp, rank, layout), q_chunks, C.shard(k, cp, src, layout),
-                              C.shard(v, cp, src, layout), k_chunks, merge, f"{where}, rank {rank}, step {step}")
-            expect(all(p is not None for p in parts), f"{where}, rank {rank}: a query chunk saw no key after the "
-                                                      "whole ring")
-            expect(merge.calls == blocks - len(q_chunks),
-                   f"{where}, rank {rank}: {merge.calls} merges for {blocks} visible blocks over {len(q_chunks)} "
-                   "query chunks: each visible block is merged once into its chunk's running result, the first one "
-                   "taken as it is, and a fully masked block never")
-            outs.append(torch.cat([p[0] for p in parts], -2))
-        got = C.unshard(outs, layout)
-        expect(got.dtype == torch.float64, f"{where}: keep the inputs' dtype float64, got {got.dtype}")
-        expect(_close(got, want, 1e-10), f"{where}: the ring's result differs from causal attention over the whole "
-                                         f"sequence by {float((got - want).abs().max()):.3g}")
+    for case in RING_CASES + generated_ring_cases(seed=7, n=12):
+        _ring_case(ring_step, g, case)
     return ("earlier blocks whole, the diagonal block masked, later blocks skipped with no merge, each visible block "
-            "merged once: the simulated ring equals causal attention (2 and 3 ranks, both layouts, odd chunks)")
+            "merged once: the simulated ring equals causal attention, values and gradients (2 to 4 ranks, both "
+            "layouts, odd chunks, fp64 / fp32 / bf16)")
