@@ -4,7 +4,7 @@ inputs that never reach the mistake."""
 import torch
 import torch.distributed as dist
 
-EXPECT = ["2 processes", "swaps the two lists"]
+EXPECT = ["3 processes", "swaps the two lists"]
 
 
 def dispatch_combine(rows, expert, num_experts, run_local, group=None):

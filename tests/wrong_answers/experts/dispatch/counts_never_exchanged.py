@@ -4,7 +4,7 @@ reach the mistake (one process, even counts)."""
 import torch
 import torch.distributed as dist
 
-EXPECT = ["2 processes", "expects", "rows from rank"]
+EXPECT = ["3 processes", "expects", "the counts each peer sends"]
 
 
 def dispatch_combine(rows, expert, num_experts, run_local, group=None):
