@@ -11,6 +11,7 @@ import torch
 
 import dlo  # noqa: F401  (before torchvision: prepares its import)
 from dlo.measure import bench, verdicts
+from dlo.measure import save_json, load_json, table, environment_info, cpu_has_native_bf16, torch_threads
 
 
 # --------------------------------------------------------------------------------------------------
@@ -105,10 +106,10 @@ def test_record_is_json_serialisable_and_round_trips(tmp_path):
         assert key in rec
     assert rec["repeats"] == 3
     assert rec["throughput"] == m.throughput
-    path = bench.save_json({"records": [rec], "env": bench.environment_info("cpu")}, tmp_path / "sub" / "r.json")
+    path = save_json({"records": [rec], "env": environment_info("cpu")}, tmp_path / "sub" / "r.json")
     assert path == tmp_path / "sub" / "r.json"
     assert not list(tmp_path.rglob("*.tmp"))
-    loaded = bench.load_json(path)
+    loaded = load_json(path)
     assert loaded["records"] == [rec]
     assert loaded["env"]["torch"] == torch.__version__
 
@@ -174,7 +175,7 @@ def test_peak_memory_cpu_small_block_has_a_peak():
 # --------------------------------------------------------------------------------------------------
 
 def test_environment_info_keys():
-    info = bench.environment_info("cpu")
+    info = environment_info("cpu")
     for key in ("torch", "device", "cpu_native_bf16", "date", "python", "torchvision", "dlo", "cpu_cores",
                 "torch_threads", "cpu_capability", "gpu"):
         assert key in info, key
@@ -188,36 +189,36 @@ def test_environment_info_keys():
 
 
 def test_environment_info_default_device():
-    info = bench.environment_info()
+    info = environment_info()
     assert info["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_table_flattens_extra_and_drops_times():
     m = bench.Measurement(name="a", times_s=[1.0, 2.0, 3.0], items_per_call=10, extra={"batch_size": 10, "amp": "bf16"})
     rec = {"name": "b", "throughput": 1.5, "extra": {"batch_size": 20, "name": "ignored"}, "times_s": [1.0]}
-    df = bench.table([m, rec])
+    df = table([m, rec])
     assert "extra" not in df.columns and "times_s" not in df.columns
     assert list(df["batch_size"]) == [10, 20]
     assert df.loc[0, "amp"] == "bf16"
     assert list(df["name"]) == ["a", "b"]  # an extra key never overwrites a field
     assert df.loc[0, "throughput"] == pytest.approx(10 / 2.0)
     assert rec["extra"] == {"batch_size": 20, "name": "ignored"}  # the caller's record is not modified
-    sub = bench.table([m], columns=["name", "throughput"])
+    sub = table([m], columns=["name", "throughput"])
     assert list(sub.columns) == ["name", "throughput"]
 
 
 def test_cpu_has_native_bf16_is_bool():
-    assert isinstance(bench.cpu_has_native_bf16(), bool)
+    assert isinstance(cpu_has_native_bf16(), bool)
 
 
 def test_torch_threads_restores():
     old = torch.get_num_threads()
     torch.set_num_threads(2)  # not 1 (what `make test` starts with), so that a missing restore would show
     try:
-        with bench.torch_threads(1):
+        with torch_threads(1):
             assert torch.get_num_threads() == 1
         assert torch.get_num_threads() == 2
-        with bench.torch_threads(None):
+        with torch_threads(None):
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(old)
@@ -433,7 +434,7 @@ def test_conclusions_written_by_conclude_survive_results_json(tmp_path):
     assert said.startswith("after is 4.0x faster than before on this machine")
     verdicts.conclude(results, tight("compiled", 0.2), b, kind="break_even", compile_seconds=12.0)
     verdicts.conclude(results, a, b, a_label="the final configuration", b_label="the baseline")
-    loaded = bench.load_json(bench.save_json(results, tmp_path / "results.json"))
+    loaded = load_json(save_json(results, tmp_path / "results.json"))
     assert [c["kind"] for c in loaded["conclusions"]] == ["compare", "break_even", "compare"]
     assert verdicts.check_conclusions(loaded) == []
     loaded["conclusions"][0]["b"]["times_s"] = [0.1] * 5  # the numbers no longer say "4.0x faster"
@@ -453,7 +454,7 @@ def test_jour1_conclusions_match_their_numbers(path):
     """Every sentence Jour 1 wrote about a measured outcome, written again from the numbers it recorded."""
     if path is None:
         pytest.skip("no runs/**/jour1/results.json yet: `make run` writes one")
-    results = bench.load_json(path)
+    results = load_json(path)
     if "conclusions" not in results:
         pytest.skip(f"{path} was written before Jour 1 recorded its conclusions")
     assert results["conclusions"], f"{path}: Jour 1 recorded no conclusion"

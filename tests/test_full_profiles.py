@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from dlo.course.notebooks import profile_differences
+from dlo.measure import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("*/*.ipynb") if "student" not in p.parts)
@@ -355,8 +356,8 @@ def v_hpo(rep: Report, nb: str) -> None:
         rep.require(S[key]["n_train"] + S[key]["n_val"] <= 50000, key, None,
                     f"n_train + n_val = {S[key]['n_train'] + S[key]['n_val']} is more than CIFAR-10's 50 000")
 
-    def threads():  # the notebook's `with bench.torch_threads(S["threads"]):` around every training
-        with bench.torch_threads(S["threads"]):
+    def threads():  # the notebook's `with torch_threads(S["threads"]):` around every training
+        with torch_threads(S["threads"]):
             pass
 
     rep.call("threads", None, threads)

@@ -190,6 +190,7 @@ import torch  # noqa: E402
 from dlo.measure import verdicts  # noqa: E402
 from dlo.measure.bench import Warmup  # noqa: E402
 from dlo.measure.verdicts import format_ratio  # noqa: E402
+from dlo.measure import save_json, load_json
 
 SMALL, LARGE = 256, 8192
 TIGHT = (0.99, 1.0, 1.01, 1.0)  # the repeats of one configuration: a noise band of about 1 %
@@ -301,7 +302,7 @@ def test_retry_sentences_are_checked_again_from_their_numbers(tmp_path):
                                  first_reference=first["reference"], label=row["retry_of"],
                                  first_batch=row["first_batch"], batch=row["batch_size"])
         assert said == row["conclusion"]
-    loaded = bench.load_json(bench.save_json(results, tmp_path / "results.json"))
+    loaded = load_json(save_json(results, tmp_path / "results.json"))
     assert verdicts.check_conclusions(loaded) == []
     loaded["conclusions"][0]["sentence"] = "2 + bf16 does not help on this GPU."
     assert len(verdicts.check_conclusions(loaded)) == 1

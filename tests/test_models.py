@@ -13,7 +13,7 @@ from dlo.models import ConvBNReLU, count_parameters, resnet18_cifar
 def one_thread():
     """One intra-op thread: on 2 shared cores, two OpenMP threads that wait on each other at every layer are
     many times slower as soon as another process runs (the results under test do not depend on it)."""
-    from dlo.measure.bench import torch_threads
+    from dlo.measure.records import torch_threads
 
     with torch_threads(1):
         yield

@@ -26,7 +26,7 @@ matplotlib.use("Agg")
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """One intra-op thread: the tensors are tiny, and two threads on 2 shared cores only wait on each other."""
-    from dlo.measure.bench import torch_threads
+    from dlo.measure.records import torch_threads
 
     with torch_threads(1):
         yield

@@ -23,7 +23,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    from dlo.measure.bench import torch_threads
+    from dlo.measure.records import torch_threads
 
     with torch_threads(1):
         yield

@@ -16,6 +16,7 @@ import torch
 import dlo  # noqa: F401  (before torchvision: prepares its import)
 from dlo.measure import bench
 from dlo.runtime import atomic
+from dlo.measure import save_json, load_json
 
 
 # --------------------------------------------------------------------------------------------------
@@ -57,8 +58,8 @@ def _count_fsyncs(monkeypatch) -> dict[str, int]:
 
 def test_save_json_fsyncs_the_file_and_its_folder(tmp_path, monkeypatch):
     counts = _count_fsyncs(monkeypatch)
-    path = bench.save_json({"a": 1}, tmp_path / "r.json")
-    assert bench.load_json(path) == {"a": 1}
+    path = save_json({"a": 1}, tmp_path / "r.json")
+    assert load_json(path) == {"a": 1}
     assert counts == {"file": 1, "folder": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
@@ -67,7 +68,7 @@ def test_concurrent_writers_of_one_path_never_leave_a_partial_file(tmp_path):
     """Eight threads write the same JSON file (each a different 2 MB payload) while a reader reads it: every
     read is one complete payload, no writer fails, and no temporary file is left over."""
     path = tmp_path / "same.json"
-    bench.save_json({"writer": -1, "blob": ""}, path)
+    save_json({"writer": -1, "blob": ""}, path)
     payloads = [{"writer": i, "blob": str(i) * 2_000_000} for i in range(8)]
     errors: list[BaseException] = []
     bad_reads: list[str] = []
@@ -76,7 +77,7 @@ def test_concurrent_writers_of_one_path_never_leave_a_partial_file(tmp_path):
     def writer(payload):
         try:
             for _ in range(3):
-                bench.save_json(payload, path)
+                save_json(payload, path)
         except BaseException as exc:  # noqa: BLE001 - collected and asserted below
             errors.append(exc)
 
@@ -101,7 +102,7 @@ def test_concurrent_writers_of_one_path_never_leave_a_partial_file(tmp_path):
     watcher.join()
     assert not errors, errors
     assert not bad_reads, bad_reads[:3]
-    final = bench.load_json(path)
+    final = load_json(path)
     assert final["blob"] == str(final["writer"]) * 2_000_000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["same.json"]
 
@@ -123,16 +124,16 @@ def test_a_failure_mid_write_keeps_the_old_file_and_no_temporary_file(tmp_path):
 
 def test_a_failing_fsync_keeps_the_old_file_and_no_temporary_file(tmp_path, monkeypatch):
     path = tmp_path / "r.json"
-    bench.save_json({"v": 1}, path)
+    save_json({"v": 1}, path)
 
     def failing_fsync(fd):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(OSError):
-        bench.save_json({"v": 2}, path)
+        save_json({"v": 2}, path)
     monkeypatch.undo()
-    assert bench.load_json(path) == {"v": 1}
+    assert load_json(path) == {"v": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
 
 

@@ -55,7 +55,7 @@ from dlo.course.gpu_benchmarks import (  # noqa: F401  (the benchmarks, importab
 )
 from dlo.course.gpu_budget import QUICK_BUDGET_S, QUICK_ORDER  # noqa: F401
 from dlo.course.notebooks import missing_packages, source_notebooks
-from dlo.measure.bench import environment_info
+from dlo.measure.records import environment_info
 from dlo.runtime.atomic import atomic_write_text
 from dlo.runtime.errors import first_line
 from dlo.runtime.paths import ROOT, env_with_dlo, run_dir

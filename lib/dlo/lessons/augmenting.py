@@ -19,6 +19,7 @@ from dlo.lessons.loader import core_budget
 from dlo.measure import Measurement, bench, conclude, decide
 from dlo.models import resnet18_cifar
 from dlo.training import TrainConfig, TrainMetric, autocast_context, soft_target_criterion, train
+from dlo.measure.records import torch_threads
 
 
 def randaugment_pipeline() -> v2.Compose:
@@ -30,7 +31,7 @@ def randaugment_pipeline() -> v2.Compose:
 def randaugment_supply(results: dict[str, Any], pil_image: Any, S: dict[str, Any], dev: torch.device) -> str:
     """Images/s that the loader workers can augment (one core each) against images/s the training step consumes,
     both measured; the sentence is the decision rule's on the two (supply "faster" = the CPU keeps up)."""
-    with bench.torch_threads(1):  # one worker = one core
+    with torch_threads(1):  # one worker = one core
         times = bench.time_calls(lambda: randaugment_pipeline()(pil_image), warmup=5, repeats=S["transform_repeats"],
                                  progress="RandAugment, one core")
     workers = max(core_budget()["max_workers_per_rank"], 1)

@@ -14,6 +14,7 @@ import torch
 from dlo.measure import bench, verdicts
 from dlo.measure.bench import Measurement
 from dlo.measure.decide import decide
+from dlo.measure.records import table, cpu_has_native_bf16
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +169,7 @@ def _retry_lesson(lad: verdicts.Ladder, retries: list[dict[str, Any]], *, bf16_s
         lesson.append(f"On this machine no step left out at batch {batch} paid at batch {retry_at} either.")
     first = next((r for r in lad.rows if r["step"] == bf16_step), None)
     again = next((r for r in retries if r["retry_of"] == bf16_step and r["applicable"]), None)
-    if first is not None and again is not None and device.type == "cpu" and not bench.cpu_has_native_bf16():
+    if first is not None and again is not None and device.type == "cpu" and not cpu_has_native_bf16():
         slower = first["decision"] == "slower" and again["decision"] == "slower"
         lesson.append(f"This CPU (`{torch.backends.cpu.get_cpu_capability()}`) has no native bf16 instructions" + (
             f": bf16 was slower at batch {batch} and still slower at batch {retry_at}, as emulated bf16 is at any "
@@ -189,7 +190,7 @@ def good_practice_report(results: dict[str, Any], good: dict[str, dict[str, Meas
     for practice, ms in good.items():
         lines.append(f"- **{practice}**: " + verdicts.conclude(results, ms["after"], ms["before"]))
         records.extend({"practice": practice, "version": when, **m.to_record()} for when, m in ms.items())
-    gdf = bench.table(records)
+    gdf = table(records)
     decided = {p: verdicts.decide(ms["after"], ms["before"]) for p, ms in good.items()}
     gdf["decision"] = [decided[p].outcome if v == "after" else "" for p, v in zip(gdf["practice"], gdf["version"])]
     gdf["vs before"] = ["reference" if v == "before" else verdicts.format_ratio(decided[p].ratio)

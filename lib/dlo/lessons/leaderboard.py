@@ -22,9 +22,10 @@ from typing import Any, Iterable, Mapping
 
 
 from dlo.lessons.race_recipe import RACE_RULE
-from dlo.measure.bench import save_json
+from dlo.measure.records import save_json
 from dlo.runtime.paths import probe_writable
 from dlo.runtime.paths import run_dir
+from dlo.measure.records import environment_info
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ def _cpu_model() -> str:
 
 def hardware_name(env: Mapping[str, Any]) -> str:
     """The hardware an attempt ran on, as the leaderboard groups it: the GPU's name (``env["gpu"]``, from
-    :func:`dlo.measure.bench.environment_info`), else the CPU's model and the cores the process could use."""
+    :func:`dlo.measure.environment_info`), else the CPU's model and the cores the process could use."""
     if env.get("gpu"):
         return str(env["gpu"])
     return f"CPU: {env.get('cpu_model') or _cpu_model()}, {env.get('cpu_cores', '?')} cores"

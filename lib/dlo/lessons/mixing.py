@@ -7,9 +7,9 @@ from typing import Any, Sequence
 
 import torch
 from dlo.data.augment import KINDS, cutmix, cutmix_reference, mixup, mixup_reference, sample_mix_params
-from dlo.measure.bench import torch_threads
+from dlo.measure.records import torch_threads
 from dlo.measure.bench import Warmup, measure_interleaved
-from dlo.measure.bench import environment_info, save_json
+from dlo.measure.records import environment_info, save_json
 from dlo.runtime.arguments import ScriptParser, at_least, device_name
 from dlo.runtime.device import pick_device
 

@@ -52,7 +52,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch import nn
 
-from dlo.measure.bench import environment_info, save_json
+from dlo.measure.records import environment_info, save_json
 from dlo.runtime.device import synchronize
 from dlo.training.optim import make_optimizer
 from dlo.training.step import amp_dtype, make_grad_scaler, make_train_step, prepare_model

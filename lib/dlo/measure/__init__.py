@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .bench import (
     Timer, MAX_SPREAD, make_timer, Warmup, warm_up, time_calls, PeakMemory, format_number, quartiles,
-    Measurement, Candidate, measure_interleaved, measure, step_call, measure_steps, cpu_has_native_bf16,
-    environment_info, save_json, load_json, table, torch_threads,
+    Measurement, Candidate, measure_interleaved, measure, step_call, measure_steps,
 )
+from .records import cpu_has_native_bf16, environment_info, save_json, load_json, table, torch_threads
 from .decide import ALPHA, MIN_EFFECT, Decision, decide
 from .verdicts import (
     format_ratio, unsteady_reason, faster_beyond_noise, compare_sentence, break_even_sentence,

@@ -448,9 +448,3 @@ def measure_steps(name: str, step: Callable[[torch.Tensor, torch.Tensor], Any],
     extra.setdefault("batch_size", len(batches[0][0]))
     return measure(name, call, items_per_call=len(batches[0][0]), warmup=warmup, repeats=repeats, device=device,
                    **extra)
-
-
-# stored with every result (split into dlo.measure.records; importable from here as before)
-from dlo.measure.records import (  # noqa: E402
-    cpu_has_native_bf16, environment_info, load_json, save_json, table, torch_threads,
-)

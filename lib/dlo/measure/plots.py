@@ -1,4 +1,4 @@
-"""Charts the lessons show. Each takes a pandas DataFrame of records (see ``dlo.measure.bench.table``) and
+"""Charts the lessons show. Each takes a pandas DataFrame of records (see ``dlo.measure.table``) and
 returns the matplotlib Figure (saved as PNG when ``path`` is given)."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 
 from dlo.measure.verdicts import format_ratio
+from dlo.measure.records import table
 
 
 def _save(fig, path: str | Path | None):

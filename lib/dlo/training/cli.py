@@ -12,7 +12,7 @@ from dlo.training.callbacks import Callback
 from dlo.training.checkpoint import check_model_shape, read_checkpoint, unwrap_model
 from dlo.training.loop import train
 from dlo import data
-from dlo.measure.bench import environment_info, save_json
+from dlo.measure.records import environment_info, save_json
 from dlo.runtime.arguments import ScriptParser, at_least, device_name, positive_number
 from dlo.runtime.atomic import atomic_write
 from dlo.runtime.device import pick_device

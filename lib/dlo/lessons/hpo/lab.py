@@ -9,12 +9,13 @@ from typing import Any, Callable, Mapping
 
 from dlo.lessons.hpo.journal import study_summary
 from dlo.measure import bench
+from dlo.measure.records import torch_threads
 
 
 def run_study(name: str, objective: Callable[[Any], float], n_trials: int, *, pruner: Any = None, seed: int = 0,
               threads: int | None = None, bar: Any = None) -> tuple[Any, dict[str, Any]]:
     """A maximising Optuna study named ``name`` (TPE seeded with ``seed``; ``pruner``, default none) optimised for
-    ``n_trials`` trials under a progress bar (``bar``, a tqdm bar, or a new one), inside ``bench.torch_threads(threads)``: ``(study, summary row)``."""
+    ``n_trials`` trials under a progress bar (``bar``, a tqdm bar, or a new one), inside ``torch_threads(threads)``: ``(study, summary row)``."""
     import optuna
     from tqdm.auto import tqdm
 
@@ -22,7 +23,7 @@ def run_study(name: str, objective: Callable[[Any], float], n_trials: int, *, pr
                                 sampler=optuna.samplers.TPESampler(seed=seed))
     bar = bar if bar is not None else tqdm(desc=f"{name}: trials")
     bar.reset(total=n_trials)
-    with bench.torch_threads(threads):
+    with torch_threads(threads):
         t0 = time.perf_counter()
         study.optimize(objective, n_trials=n_trials, callbacks=[lambda st, tr: bar.update()])
         wall = time.perf_counter() - t0
