@@ -266,7 +266,7 @@ def v_ddp(rep: Report, nb: str) -> None:
     runs = [{"name": f"bucket_cap_mb={cap:g}", "comm_view": True, "bucket_cap_mb": cap} for cap in S["bucket_caps"]]
     args = rep.call("bucket_caps", None, ddp_train.parse_args, ["--runs", json.dumps(runs)])
     if args is not None:
-        from dlo.runtime.launch import expand_runs
+        from dlo.runtime.launch_request import expand_runs
         rep.call("bucket_caps", None, expand_runs, args, args.runs)
 
 
@@ -461,7 +461,7 @@ def v_fsdp(rep: Report, nb: str) -> None:
     from dlo.data import tokens
     from dlo.measure import memory
     from dlo.parallel import fsdp as ref
-    from dlo.runtime.launch import expand_runs
+    from dlo.runtime.launch_request import expand_runs
 
     script = _script("tp_fsdp/fsdp_train.py")
     cfg = rep.call("model", None, ref.model_config, _full(nb, 8)["model"])

@@ -11,7 +11,8 @@ import pytest
 
 import dlo  # noqa: F401
 from dlo.runtime import LaunchError, free_port, launch
-from dlo.runtime.launch import _Tail, _blame, _without_own_prefix
+from dlo.runtime.forked import _Tail
+from dlo.runtime.launch_report import _blame, _without_own_prefix
 
 SCRIPTS = Path(__file__).parent / "scripts"
 distributed = pytest.mark.distributed  # spawns processes: deselect with -m "not distributed"
@@ -291,7 +292,7 @@ def test_blame_treats_a_lost_peer_as_a_consequence_even_when_noted_first():
 
 
 def test_forked_blame_weighs_exit_times_and_ranks_it_stopped_itself():
-    from dlo.runtime.launch import _first_failure
+    from dlo.runtime.launch_report import _first_failure
 
     lines = {0: ["ready", _PEER], 1: ["fails now"], 2: ["ready"]}
     codes = {0: 1, 1: -9, 2: -9}

@@ -20,7 +20,7 @@ def first_line(exc: BaseException, width: int | None = None) -> str:
 class TooFewGPUs(ValueError):
     """A run needs more GPUs than this node shows: ``needed`` processes of one GPU each, ``visible`` GPUs.
 
-    Raised before anything starts (:func:`dlo.runtime.launch.check_processes`). A ValueError, so that code that
+    Raised before anything starts (:func:`dlo.runtime.launch_request.check_processes`). A ValueError, so that code that
     refuses bad input catches it as such; its own name lets ``dlo gpu-check --quick`` report a notebook that needs
     a larger node as skipped ("needs 2 GPUs") rather than failed."""
 

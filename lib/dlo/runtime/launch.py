@@ -41,14 +41,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlo.runtime.forked import FORK_PRELOAD, FORKED_GRACE_S, _Tail, _forked_rank, run_forked  # noqa: F401
-from dlo.runtime.launch_report import (  # noqa: F401 - re-exported: `from dlo.runtime.launch import ...`
-    _SRUN_FAILURE, _SRUN_PREFIX, _TORCHRUN_FAILURE, _TORCHRUN_PREFIX, LaunchError, _blame, _code_text,
-    _first_failure, _fresh_notes, _last_meaningful, _peer_lost, _read_lines, _without_own_prefix)
-from dlo.runtime.launch_view import FoldedOutput, RanksFailed, folded  # noqa: F401
-from dlo.runtime.launch_request import (  # noqa: F401 - re-exported
-    LAUNCHER_ENV, LAUNCHERS, _RANK_VARS, _can_fork_server, _check_args, _check_nproc, _check_request, _child_env,
-    _records_folder, _usable_cpus, check_processes, expand_runs, launcher_choice)
+from dlo.runtime.forked import FORK_PRELOAD, run_forked
+from dlo.runtime.launch_report import (
+    _SRUN_PREFIX, _TORCHRUN_PREFIX, LaunchError, _blame, _code_text, _fresh_notes, _last_meaningful,
+    _without_own_prefix)
+from dlo.runtime.launch_view import FoldedOutput, RanksFailed, folded
+from dlo.runtime.launch_request import (
+    _can_fork_server, _check_args, _check_nproc, _check_request, _child_env, _records_folder, _usable_cpus,
+    launcher_choice)
 from dlo.runtime.loopback import LOOPBACK, loopback_network
 from dlo.runtime.paths import env_with_dlo
 from dlo.runtime.records import read_records
