@@ -4,8 +4,9 @@ Each checker first calls the student's code in this process, without a process g
 primitive is the identity, every parallel layer must equal its full layer): that catches an unfinished
 balise at once. What only shows with real peers (slices, sums over the right group, gradients, how many
 all-reduces) is then checked by ONE 4-process gloo run of :mod:`dlo.course.checks.tp_worker` (its cases are in
-:mod:`dlo.course.tp_cases`), which checks all balises at once (balise 12 also on a group of 3 of them); its
-answers are cached per script content, so the twelve checks of an unchanged file cost one launch.
+:mod:`dlo.course.tp_cases`: tp = 2 on a strided TP group of a 2 x 2 TP x DP layout, tp = 4, tp = 3 on a subset of
+the processes and tp = 1, float32 and float64, sizes drawn per seed, values and gradients), which checks all balises
+at once; its answers are cached per script content, so the twelve checks of an unchanged file cost one launch.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _script_of(obj: Any) -> Path:
     return path
 
 
-def _peers(objs: Any, balise: str, where: str = "on 4 processes (tp = 2 groups)") -> None:
+def _peers(objs: Any, balise: str, where: str = "on 4 processes") -> None:
     """The 4-process verdict on ``balise`` for the script defining ``objs`` (one launch per script content).
     When they come from several scripts (an answer that reuses the workbook's script and redefines one of
     them), the one that is not the workbook's is checked."""
@@ -289,6 +290,6 @@ def _check_12(gather_from_sequence_region: Callable, reduce_scatter_to_sequence_
         expect(x.grad is not None and torch.equal(x.grad, torch.full_like(x, 3.0)),
                f"{name}: with one process, the backward passes the gradient through unchanged")
     _peers((gather_from_sequence_region, reduce_scatter_to_sequence_region), "12",
-           "on 4 processes (TP groups of 2, then one of 3)")
+           "on 4 processes (TP groups of 2, then 4, then 3)")
     return ("sequence all-gather / reduce-scatter with conjugate backwards, one counted collective each, right chunks "
             "at tp 2 and 3; the SP Llama with them equals one process")

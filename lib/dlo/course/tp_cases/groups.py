@@ -95,14 +95,14 @@ def check_11(ns, g):
              (tp_sum / 2, "averaged over the TP group (its ranks hold different slices): reduce over dp_group"))
     why = next((words for want, words in named if close(after, want, 1e-6)), None)
     expect(close(after, dp_sum / 2, 1e-6) or why is None, f"average_gradients: the gradients were {why}")
-    _grads_vs_reference(ns, g, model, loss, ids, labels, rows)
+    _grads_vs_reference(ns, g["tp_group"], model, loss, ids, labels, rows)
     metric = ns["reduce_over_dp"](torch.tensor(float(g["dp_rank"] + 1)), torch.tensor(2.0), g["dp_group"])
     expect(abs(float(metric) - 3 / 4) < 1e-9, f"reduce_over_dp: expected (1 + 2) / (2 + 2) = 0.75 over the DP group only, "
            f"got {metric} (sum over dp_group, not over all ranks)")
     # Numbers that differ on every rank: a sum over all ranks (or over the TP group) no longer gives the same ratio
     # (with identical numbers on the TP ranks it would, as each would be counted tp times above and below)
     rank = dist.get_rank()
-    members = [rank % 2, rank % 2 + 2]
+    members = [rank - rank % 2, rank - rank % 2 + 1]  # this rank's DP group, {0, 1} or {2, 3}
     metric = ns["reduce_over_dp"](torch.tensor(float(rank + 1)), torch.tensor(float(3 * rank + 2)), g["dp_group"])
     want = sum(m + 1 for m in members) / sum(3 * m + 2 for m in members)
     means = sum((m + 1) / (3 * m + 2) for m in members) / len(members)

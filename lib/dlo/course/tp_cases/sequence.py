@@ -1,4 +1,4 @@
-"""Balise 12 on real peers: the two sequence-parallel regions, on a TP group of 2 and on one of 3.
+"""Balise 12 on real peers: the two sequence-parallel regions, on the strided TP groups of 2, on 4 and on a subset of 3.
 
 Each stage of :class:`SPCase` checks one behaviour (the gather's forward, its backward, the reduce-scatter's
 forward, its backward, a sequence tp does not divide, the whole SP Llama) and returns None or what is wrong,
@@ -220,10 +220,14 @@ def _group_note(line, tp):
 
 
 def check_12(ns, g):
-    for tp, group, r in ((TP, g["tp_group"], g["tp_rank"]), (3, g["tp3_group"], g["tp3_rank"])):
+    """At tp = 2 on the strided TP groups, then tp = 4 (the regions only: the SP Llama's heads do not split in 4),
+    then tp = 3 on the subset {0, 2, 3} (rank 1 only joins the verdict)."""
+    for tp, group, r in ((TP, g["tp_group"], g["tp_rank"]), (4, g["tp4_group"], g["rank"]),
+                         (3, g["tp3_group"], g["tp3_rank"])):
         problem = None
-        if r is not None:  # rank 3 is outside the group of 3: it only joins the verdict
-            for stage in SPCase(ns, group, tp, r).stages():
+        if r is not None:
+            case = SPCase(ns, group, tp, r)
+            for stage in case.stages()[:-1] if tp == 4 else case.stages():
                 problem = _agree(_run_stage(stage, tp), group)
                 if problem:
                     break
