@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from dlo.course.checks.framework import CheckFailed, expect, register
+from dlo.course.checks.jour1_probes import (AutocastSpy, backend_config, compiled_call, explain_no_autocast,
+                                           explain_not_channels_last)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -101,10 +103,12 @@ def _check_amp(train_step_amp: Callable) -> str:
         model = _Recorder()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         before = _snapshot(model)
-        loss = train_step_amp(model, x, y, opt, nn.CrossEntropyLoss(), dtype)
+        with AutocastSpy() as entered:
+            loss = train_step_amp(model, x, y, opt, nn.CrossEntropyLoss(), dtype)
         expect(bool(model.seen), "call the model on the images")
         seen = model.seen[-1]
-        expect(seen["autocast"], "run the forward pass inside torch.autocast(device_type=..., dtype=dtype)")
+        if not seen["autocast"]:
+            explain_no_autocast(entered, x.device.type)
         expect(seen["dtype"] == dtype,
                f"autocast must use the dtype argument: asked for {dtype}, the forward ran under {seen['dtype']}")
         expect(isinstance(loss, torch.Tensor) and loss.ndim == 0, "return the loss as a 0-d tensor (no .item())")
@@ -347,9 +351,8 @@ def _check_channels_last(to_channels_last: Callable) -> str:
            f"the images must keep their shape {tuple(x.shape)} (N, C, H, W), got "
            f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "
            "layout in memory, not the order of the axes (no permute)")
-    expect(x2.is_contiguous(memory_format=cl) and not x2.is_contiguous(),
-            "the images returned are not channels_last: convert the images too, and keep what the conversion returns "
-            "(a tensor's conversion returns a new tensor, unlike a module's, which converts the model in place)")
+    if not (x2.is_contiguous(memory_format=cl) and not x2.is_contiguous()):
+        explain_not_channels_last(x, x2)
     expect(torch.equal(x2, x), "the values must not change, only the layout")
     return "model weights and images are NHWC (channels_last) in memory"
 
@@ -373,21 +376,25 @@ def _check_compile(compile_model: Callable) -> str:
     model = _Recorder()
     compiled = compile_model(model)
     expect(compiled is not None, "your function returned None: return the compiled model")
-    in_place = compiled is model and getattr(model, "_compiled_call_impl", None) is not None  # Module.compile()
     expect(not isinstance(compiled, torch.jit.ScriptModule),
            "this is TorchScript (torch.jit), not torch.compile: TorchScript does not fuse operations with Inductor")
-    expect(in_place or isinstance(compiled, nn.Module),
+    expect(isinstance(compiled, nn.Module),
            f"what you returned is a {type(compiled).__name__}, not the model: compile the module itself (it keeps "
            "its parameters, .train() and .eval())")
-    expect(in_place or isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule),
-           "the model you returned is not compiled: nothing will be fused")
-    expect(in_place or getattr(compiled, "_orig_mod", None) is model,
-           "you compiled another module than the one given (a copy?): the model being trained would stay eager")
+    if isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule):
+        target, config = compiled._orig_mod, getattr(compiled.dynamo_ctx, "compiler_config", True)
+    else:
+        call = compiled_call(compiled)
+        expect(call is not None, "the model you returned is not compiled: calling it runs eagerly (neither the "
+                                 "module nor its forward goes through torch.compile)")
+        original = call._torchdynamo_orig_callable
+        target = compiled if getattr(original, "__self__", compiled) is compiled else original.__self__
+        config = backend_config(call)
+    expect(target is model, "you compiled another module than the one given (a copy?): the model being trained would "
+                            "stay eager")
     # the backend: only Inductor generates fused kernels ('eager' and 'aot_eager' trace and run the same kernels)
-    ctx = getattr(compiled if not in_place else None, "dynamo_ctx", None)
-    expect(ctx is None or not hasattr(ctx, "compiler_config") or ctx.compiler_config is not None,
-           "the backend you chose only traces the model (e.g. backend='eager'): it generates no fused kernel; keep "
-           "the default backend")
+    expect(config is not None, "the backend you chose only traces the model (e.g. backend='eager'): it generates no "
+                               "fused kernel; keep the default backend")
     return "torch.compile wraps the model; compilation happens lazily at the first call"
 
 
