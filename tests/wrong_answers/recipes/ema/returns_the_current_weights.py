@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EXPECT = "decay * ema"
+EXPECT = "equals the current weights"
 
 
 def ema_update(ema_params, params, decay):
