@@ -86,7 +86,7 @@ def test_dry_run_refuses_what_the_run_would_refuse_in_one_line(tmp_path, noteboo
 
 def test_gpu_check_quick_values_pass_jour1s_own_checks(tmp_path):
     """What ``dlo gpu-check --quick`` gives Jour 1 (fewer repeats, a short sweep) is accepted before a GPU job starts."""
-    from dlo.course.gpu_check import JOUR1_QUICK
+    from dlo.course.gpu_benchmarks import JOUR1_QUICK
 
     args = [a for name, value in JOUR1_QUICK.items() for a in ("-p", name, value)]
     res = _dry_run("Jour1/jour1.ipynb", "--profile", "full", "--out-dir", str(tmp_path), *args)

@@ -13,6 +13,7 @@ import pytest
 from dlo.measure.bench import Measurement
 
 from dlo.cli import build_parser
+from dlo.course import gpu_benchmarks as gb
 from dlo.course import gpu_check as gc
 from dlo.course.checks import load_exercises
 from dlo.course.notebooks import parse_value, source_notebooks
@@ -40,9 +41,9 @@ def test_every_full_profile_command_is_valid_for_this_many_gpus(gpus, tmp_path):
             if args[0] == "run":
                 quick = bench.command(gpus, False, tmp_path, True)[1]
                 assert quick[:len(args)] == args and quick[len(args):] == [
-                    a for k, v in gc.JOUR1_QUICK.items() for a in ("-p", k, v)]
+                    a for k, v in gb.JOUR1_QUICK.items() for a in ("-p", k, v)]
                 check_request(parsed_quick := build_parser().parse_args(quick).notebook, profile="full",
-                              parameters={k: parse_value(v) for k, v in gc.JOUR1_QUICK.items()},
+                              parameters={k: parse_value(v) for k, v in gb.JOUR1_QUICK.items()},
                               out_dir=tmp_path / "jour1q", validate=False)
                 assert parsed_quick.endswith("jour1.ipynb")
                 parsed = build_parser().parse_args(args)
@@ -121,50 +122,50 @@ def test_the_dry_runs_are_the_full_commands_of_a_2_gpu_node_with_only_sizes_shru
 
 def test_shrink_replaces_only_the_values_of_size_flags():
     args = ["--model", "llama-3.2-3b", "--precision", "bf16", "--checkpointing", "--seq-len", "2048", "--steps", "12"]
-    assert gc.shrink(args) == ["--model", "smoke", "--precision", "bf16", "--checkpointing", "--seq-len", "32",
+    assert gb.shrink(args) == ["--model", "smoke", "--precision", "bf16", "--checkpointing", "--seq-len", "32",
                                "--steps", "3"]
-    assert gc.shrink(["--steps"]) == ["--steps"]  # a flag with no value after it is left alone
+    assert gb.shrink(["--steps"]) == ["--steps"]  # a flag with no value after it is left alone
 
 
 def test_parsers_read_their_records(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"final_speedup": 12.5, "final_step": "6 batch 512",
                                                        "final_decision": "faster"}))
-    assert gc._jour1_parse(tmp_path, None)[0] == 12.5
+    assert gb._jour1_parse(tmp_path, None)[0] == 12.5
     (tmp_path / "results.json").write_text(json.dumps({"final_speedup": None, "final_sentence": "No ratio: x."}))
-    value, details = gc._jour1_parse(tmp_path, None)
+    value, details = gb._jour1_parse(tmp_path, None)
     assert value is None and "No ratio" in details["why"]
 
     fsdp = [{"rank": 1, "status": "ok", "mfu": 0.9}, {"rank": 0, "status": "ok", "mfu": 0.42, "tokens_per_s": 1}]
-    assert gc._fsdp_parse(tmp_path, fsdp)[0] == pytest.approx(42.0)  # the old output: mfu only
-    oom = gc._fsdp_parse(tmp_path, [{"rank": 0, "status": "oom", "error": "CUDA out of memory"}])
+    assert gb._fsdp_parse(tmp_path, fsdp)[0] == pytest.approx(42.0)  # the old output: mfu only
+    oom = gb._fsdp_parse(tmp_path, [{"rank": 0, "status": "oom", "error": "CUDA out of memory"}])
     assert oom[0] is None and "out of memory" in oom[1]["why"]
 
     pipe = [{"kind": "pipeline", "schedule": "1f1b", "bubble": 0.30, "bubble_theory": 0.25, "rank": 0},
             {"kind": "pipeline", "schedule": "afab", "bubble": 0.9, "bubble_theory": 0.25, "rank": 0}]
-    assert gc._pipeline_parse(tmp_path, pipe)[0] == pytest.approx(20.0)
+    assert gb._pipeline_parse(tmp_path, pipe)[0] == pytest.approx(20.0)
 
     tp = [{"kind": "layout", "impl": "scratch", "step_s_median": 0.10, "rank": 0},
           {"kind": "layout", "impl": "dtensor", "step_s_median": 0.08, "rank": 0},
           {"kind": "layout", "impl": "scratch", "step_s_median": 9.0, "rank": 1}]
-    assert gc._tp_parse(tmp_path, tp)[0] == pytest.approx(0.8)
+    assert gb._tp_parse(tmp_path, tp)[0] == pytest.approx(0.8)
 
     grid = [{"rank": r, "dp": 2, "pp": 2, "tp": 2, "step_s": 0.1 * (r + 1), "comm_matches_theory": True,
              "diff": {"grad": 1e-6 * r, "after": 2e-6}} for r in range(8)]
-    value, details = gc._grid_parse(tmp_path, grid)
+    value, details = gb._grid_parse(tmp_path, grid)
     assert value == pytest.approx(7e-6) and details["step_s"] == pytest.approx(0.8)
     grid[3]["comm_matches_theory"] = False
-    value, details = gc._grid_parse(tmp_path, grid)
+    value, details = gb._grid_parse(tmp_path, grid)
     assert value == pytest.approx(7e-6) and "rank(s) [3]" in details["missed"]
     assert gc.verdict(BY_NAME["grid_3d"], value, details, dry=False).startswith("MISSED: communication differs")
-    assert gc._grid_parse(tmp_path, [{k: v for k, v in grid[0].items() if k != "diff"}])[0] is None
+    assert gb._grid_parse(tmp_path, [{k: v for k, v in grid[0].items() if k != "diff"}])[0] is None
 
     race_out = {"target": 0.94, "records": [{"data": "real CIFAR-10", "reached": True, "time_to_target_s": 9.0},
                                             {"data": "real CIFAR-10", "reached": False, "time_to_target_s": None}]}
     (tmp_path / "race.json").write_text(json.dumps(race_out))
-    assert gc._race_parse(tmp_path, None)[0] == pytest.approx(9.0 / gc.AIRBENCH94_A100_S)
+    assert gb._race_parse(tmp_path, None)[0] == pytest.approx(9.0 / gb.AIRBENCH94_A100_S)
     race_out["records"][0]["data"] = "generated"
     (tmp_path / "race.json").write_text(json.dumps(race_out))
-    assert gc._race_parse(tmp_path, None)[0] is None
+    assert gb._race_parse(tmp_path, None)[0] is None
 
 
 @pytest.mark.parametrize("name, value, verdict", [("mixcutmix", 50.0, "met"), ("mixcutmix", 49.9, "MISSED"),
@@ -262,8 +263,8 @@ def test_quick_on_one_gpu_runs_the_target_benchmarks_first_then_the_notebooks(mo
         command = bench.command(gpus, dry, out, quick)
         if bench.name == "fsdp_mfu":
             args = command[2]
-            assert args[args.index("--steps") + 1] == gc.FSDP_QUICK["--steps"]
-            assert args[args.index("--timed-repeats") + 1] == gc.FSDP_QUICK["--timed-repeats"]
+            assert args[args.index("--steps") + 1] == gb.FSDP_QUICK["--steps"]
+            assert args[args.index("--timed-repeats") + 1] == gb.FSDP_QUICK["--timed-repeats"]
             assert args[args.index("--model") + 1] == "llama-3.2-3b"  # same sizes, fewer steps
             return [{"rank": 0, "status": "ok", "mfu": 0.41}]
         raise RuntimeError("exit code 1: not measured here")
@@ -374,7 +375,7 @@ def test_a_hanging_launch_is_killed_whole_at_its_cap_and_reads_timed_out(tmp_pat
     from dlo.runtime.process_tree import running
 
     pids_file = tmp_path / "pids.json"
-    hang = gc.Benchmark("hang", "a rank that hangs", gc.Target("x", ">=", 1, "", "test"), 1,
+    hang = gc.Benchmark("hang", "a rank that hangs", gb.Target("x", ">=", 1, "", "test"), 1,
                         lambda gpus, dry, out, quick=False: ("launch", "tests/scripts/gpu_check_hang.py",
                                                              [str(pids_file)], 1), lambda out, rec: (1.0, {}))
     row = gc._benchmark_row(hang, gpus=1, dry_run=True, quick=True, left=300.0, cap=45.0, need=1.0,
@@ -429,7 +430,7 @@ def _mix(tmp_path, loop, batched):
                  {"kind": kind, "implementation": "batched", "measurement": batched,
                   "speedup": loop["median_s"] / batched["median_s"]}]
     (tmp_path / "mix.json").write_text(json.dumps({"records": recs}))
-    return gc._mix_parse(tmp_path, None)
+    return gb._mix_parse(tmp_path, None)
 
 
 def test_mix_bench_is_read_only_when_steady_and_decided(tmp_path):
@@ -444,31 +445,31 @@ def test_mix_bench_is_read_only_when_steady_and_decided(tmp_path):
                                                                 "speedup": 1.0},
                                                                {"kind": "mixup", "implementation": "batched",
                                                                 "speedup": 80.0}]}))
-    assert "no measurement recorded" in gc._mix_parse(tmp_path, None)[1]["why"]
+    assert "no measurement recorded" in gb._mix_parse(tmp_path, None)[1]["why"]
 
 
 def test_jour1_speedup_is_refused_unless_its_final_comparison_is_decided(tmp_path):
     steady = {"final": _timed("final", 0.5), "baseline": _timed("baseline", 1.0)}
     results = {"final_speedup": 2.0, "final_decision": "faster", "final_comparison": steady, "final_sentence": "s"}
     (tmp_path / "results.json").write_text(json.dumps(results))
-    assert gc._jour1_parse(tmp_path, None)[0] == 2.0
+    assert gb._jour1_parse(tmp_path, None)[0] == 2.0
     (tmp_path / "results.json").write_text(json.dumps({**results, "final_decision": "undecided"}))
-    value, details = gc._jour1_parse(tmp_path, None)
+    value, details = gb._jour1_parse(tmp_path, None)
     assert value is None and details["why"].startswith("refused: the final comparison is undecided")
     wild = {**steady, "baseline": _timed("baseline", 1.0, jitter=(0.3, 1.0, 3.0, 1.0))}
     (tmp_path / "results.json").write_text(json.dumps({**results, "final_comparison": wild}))
-    assert "the final comparison is unsteady" in gc._jour1_parse(tmp_path, None)[1]["why"]
+    assert "the final comparison is unsteady" in gb._jour1_parse(tmp_path, None)[1]["why"]
     (tmp_path / "results.json").write_text(json.dumps({"final_speedup": 1.0, "final_step": "0 baseline"}))
-    assert "no decision was recorded" in gc._jour1_parse(tmp_path, None)[1]["why"]  # the old 1.0 is not a value
+    assert "no decision was recorded" in gb._jour1_parse(tmp_path, None)[1]["why"]  # the old 1.0 is not a value
 
 
 def test_fsdp_mfu_reads_the_figure_with_the_lm_head_and_shows_both(tmp_path):
     rec = {"rank": 0, "status": "ok", "mfu": 0.42, "mfu_no_head": 0.37, "tokens_per_s": 1}
-    value, details = gc._fsdp_parse(tmp_path, [rec])
+    value, details = gb._fsdp_parse(tmp_path, [rec])
     assert value == pytest.approx(42.0) and details["mfu_no_head"] == 0.37
     assert details["compared"] == ("mfu: LM head included, as torchtitan and Megatron count it (without the head: "
                                    "37.0 %)")
-    value, details = gc._fsdp_parse(tmp_path, [{**rec, "timing": {"steady": False}}])
+    value, details = gb._fsdp_parse(tmp_path, [{**rec, "timing": {"steady": False}}])
     assert value is None and "did not reach steady timings" in details["why"]
 
 
@@ -487,10 +488,10 @@ def test_fsdp_mfu_is_the_median_of_the_timed_repeats_with_its_spread_and_an_unst
            "peak_memory_gb": 66.0, "micro_batch": 2, "grad_accum": 8, "accum_sync": "every",
            "checkpointing": "selective", "timing": _timed("fsdp", 2.0, rounds=10)}
     rec["timing"]["items_per_call"] = tokens
-    value, details = gc._fsdp_parse(tmp_path, [rec])
+    value, details = gb._fsdp_parse(tmp_path, [rec])
     assert value == pytest.approx(100 * tokens / 2.0 * fpt / peak, rel=0.01)
     assert details["mfu_q25"] <= value <= details["mfu_q75"] and details["mfu_repeats"] == 10
     assert 0 < details["mfu_spread"] < 0.05 and (details["predicted_gb"], details["peak_memory_gb"]) == (64.5, 66.0)
     wild = {**rec, "timing": {**_timed("fsdp", 2.0, rounds=10, jitter=(0.5, 1.0, 2.0, 1.0)), "items_per_call": tokens}}
-    value, details = gc._fsdp_parse(tmp_path, [wild])
+    value, details = gb._fsdp_parse(tmp_path, [wild])
     assert value is None and details["why"].startswith("refused: the MFU is unsteady: the repeats of the FSDP step")

@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 import dlo  # noqa: F401
+from dlo.course import gpu_benchmarks as gb
 from dlo.course import gpu_check as gc
 
-PIPELINE = next(b for b in gc.BENCHMARKS if b.parse is gc._pipeline_parse)
+PIPELINE = next(b for b in gc.BENCHMARKS if b.parse is gb._pipeline_parse)
 
 
 def _run(bubble, theory=0.25):
@@ -21,7 +22,7 @@ def _run(bubble, theory=0.25):
     (0.0, "MISSED", "below theory"),
 ])
 def test_a_bubble_far_below_theory_is_not_met(tmp_path, bubble, verdict, side):
-    value, details = gc._pipeline_parse(tmp_path, _run(bubble))
+    value, details = gb._pipeline_parse(tmp_path, _run(bubble))
     assert value == pytest.approx(abs(bubble - 0.25) / 0.25 * 100) and value >= 0
     assert details["side"] == side and details["gap_signed_pct"] == pytest.approx((bubble - 0.25) / 0.25 * 100)
     assert gc.verdict(PIPELINE, value, details, dry=False) == verdict
@@ -29,5 +30,5 @@ def test_a_bubble_far_below_theory_is_not_met(tmp_path, bubble, verdict, side):
 
 
 def test_no_bubble_in_theory_is_no_value_not_a_division_by_zero(tmp_path):
-    value, details = gc._pipeline_parse(tmp_path, _run(0.1, theory=0.0))
+    value, details = gb._pipeline_parse(tmp_path, _run(0.1, theory=0.0))
     assert value is None and "no bubble in theory" in details["why"]

@@ -49,11 +49,8 @@ from typing import Any
 
 import torch
 from dlo.course import gpu_budget
-from dlo.course.gpu_benchmarks import (  # noqa: F401  (the benchmarks, importable from here as before)
-    AIRBENCH94_A100_S, BENCHMARKS, DRY_GPUS, DRY_SIZES, FSDP_QUICK, JOUR1_QUICK, QUICK_STEPS, Benchmark, Target,
-    _fsdp_parse, _grid_parse, _jour1_parse, _mix_parse, _pipeline_parse, _race_parse, _tp_parse, fsdp_plan, shrink,
-)
-from dlo.course.gpu_budget import QUICK_BUDGET_S, QUICK_ORDER  # noqa: F401
+from dlo.course.gpu_benchmarks import BENCHMARKS, DRY_GPUS, DRY_SIZES, Benchmark, fsdp_plan
+from dlo.course.gpu_budget import QUICK_BUDGET_S, QUICK_ORDER
 from dlo.course.notebooks import missing_packages, source_notebooks
 from dlo.measure.records import environment_info
 from dlo.runtime.atomic import atomic_write_text
