@@ -38,7 +38,7 @@ FULL_DISK_BYTES = 1 << 20
 FRESH_TEMPORARY_S = 60.0
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable. Some file systems cannot open a folder: then nothing more can be done."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -183,7 +183,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any], *, make_
                 raise OSError(errno.ENOSPC, f"no space left on {path} (its file system has {free} bytes free): "
                                             "its previous content is kept; free some space and write it again") from exc
             raise
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)
     finally:
         os.close(lock_fd)
     _remove_stale_temporaries(path, tmp)

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from dlo.runtime.atomic import atomic_write_text
+from dlo.runtime.atomic import atomic_write_text, fsync_folder
 
 MARKER = "COMPLETE.json"
 _STEP = re.compile(r"^step-(\d{9})$")
@@ -38,19 +38,6 @@ def partial_folder(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f".partial-step-{step:09d}"
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _files(folder: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != MARKER}
 
@@ -61,7 +48,7 @@ def commit(partial: Path, target: Path, step: int, world_size: int) -> Path:
     if ".metadata" not in files:
         raise RuntimeError(f"{partial}: no .metadata after every rank finished: the save is incomplete, not committed")
     atomic_write_text(partial / MARKER, json.dumps({"step": step, "world_size": world_size, "files": files}))
-    _fsync_dir(partial)
+    fsync_folder(partial)
     if target.exists():  # the same step saved again: the older copy goes first (named, never loaded meanwhile)
         aside = target.with_name(f".replaced-{target.name}")
         shutil.rmtree(aside, ignore_errors=True)
@@ -70,7 +57,7 @@ def commit(partial: Path, target: Path, step: int, world_size: int) -> Path:
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(partial, target)
-    _fsync_dir(target.parent)
+    fsync_folder(target.parent)
     return target
 
 
