@@ -52,7 +52,9 @@ def test_source_notebook_structure(nb):
     source = "\n".join(nbs._source(c) for c in json.loads(nb.read_text())["cells"])
     assert ("raise NotImplementedError" in sources) == stu.has_solutions(source)
     # The banner points to exercises only where there are some: in this notebook, or in a script it runs.
-    banner = student["cells"][0]["source"]
+    # the first screen is the question: the title cell first, the banner right after it
+    assert "".join(student["cells"][0]["source"]).startswith("# "), "the student copy does not open on its title"
+    banner = student["cells"][1]["source"]
     scripts = [p.name for p in stu.source_scripts() if p.parent == nb.parent and p.name in source]
     if stu.has_solutions(source) or scripts:
         assert banner.startswith("> **Exercise version.**")

@@ -156,7 +156,10 @@ def make_student(source_nb: str | Path) -> dict[str, Any]:
                   "no exercise to write: run it, then read its measurements and the conclusions drawn from them.")
     banner = {"cell_type": "markdown", "id": "student-banner", "metadata": {"tags": ["student-banner"]},
               "source": source}
-    nb["cells"] = [banner] + nb["cells"]
+    # the first screen stays the notebook's question: the banner goes right after its title cell
+    first = nb["cells"][0] if nb["cells"] else None
+    at = 1 if first and first["cell_type"] == "markdown" and _source(first).startswith("# ") else 0
+    nb["cells"] = nb["cells"][:at] + [banner] + nb["cells"][at:]
     return nb
 
 
