@@ -172,8 +172,10 @@ def preload_batches(loader_or_dataset: DataLoader | Dataset, n_batches: int, bat
 
 
 def synthetic_batch(batch_size: int, device: str | torch.device = "cpu", seed: int = 0, *,
-                    channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random ``(images [B, 3, 32, 32] float32 ~ N(0, 1), labels [B] int64 in 0..9)`` for pure compute timing.
+                    channels_last: bool = False, size: int = _SIZE,
+                    num_classes: int = len(CLASSES)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ``(images [B, 3, size, size] float32 ~ N(0, 1), labels [B] int64 in 0..num_classes-1)`` for pure
+    compute timing: CIFAR's 32x32 and 10 classes by default, ImageNet's shape with ``size=224, num_classes=1000``.
 
     Already "normalised", with no data behind it: the step time measured on it is what the model costs,
     whatever the disk, the loader or the dataset. Drawn on the CPU from ``seed``, then moved, so the values
@@ -182,8 +184,11 @@ def synthetic_batch(batch_size: int, device: str | torch.device = "cpu", seed: i
     if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     gen = torch.Generator().manual_seed(int(seed))
-    images = torch.randn(batch_size, 3, _SIZE, _SIZE, generator=gen)
-    labels = torch.randint(0, len(CLASSES), (batch_size,), generator=gen)
+    for name, value in (("size", size), ("num_classes", num_classes)):
+        if not is_int(value) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    images = torch.randn(batch_size, 3, size, size, generator=gen)
+    labels = torch.randint(0, num_classes, (batch_size,), generator=gen)
     return _to_device((images, labels), torch.device(device), channels_last)
 
 
