@@ -177,7 +177,7 @@ def conclude(results: dict[str, Any], a: Measurement | Mapping[str, Any], b: Mea
 def check_conclusions(results: Mapping[str, Any]) -> list[str]:
     """Every recorded conclusion written again from its recorded numbers, and, for a ladder's results (Jour 1),
     every row's decision and ratio and the headline (``final_speedup``, ``final_sentence``) decided again from
-    theirs: one line per statement that the numbers do not give (an empty list: every stated outcome is what was
+    theirs (also for the ladder of a second workload, ``results["imagenet"]``): one line per statement that the numbers do not give (an empty list: every stated outcome is what was
     measured)."""
     problems = []
     for i, c in enumerate(results.get("conclusions", [])):
@@ -192,7 +192,9 @@ def check_conclusions(results: Mapping[str, Any]) -> list[str]:
         expected = helper(c["a"], c["b"], **c.get("args", {}))
         if expected != c.get("sentence"):
             problems.append(f"conclusion {i} says {c.get('sentence')!r} but its numbers give {expected!r}")
-    return problems + _check_ladder(results)
+    second = results.get("imagenet")  # Jour 1's second workload, a ladder of its own
+    nested = _check_ladder(second) if isinstance(second, Mapping) else []
+    return problems + _check_ladder(results) + [f"second workload: {p}" for p in nested]
 
 
 def _missing(v: Any) -> bool:
