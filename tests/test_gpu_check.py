@@ -463,6 +463,25 @@ def test_jour1_speedup_is_refused_unless_its_final_comparison_is_decided(tmp_pat
     assert "no decision was recorded" in gb._jour1_parse(tmp_path, None)[1]["why"]  # the old 1.0 is not a value
 
 
+def test_jour1_is_judged_on_the_workload_that_fills_the_gpu(tmp_path):
+    steady = {"final": _timed("final", 0.5), "baseline": _timed("baseline", 1.0)}
+    cifar = {"final_speedup": 2.0, "final_decision": "faster", "final_comparison": steady, "final_sentence": "c"}
+    second = {"ran": True, "workload": "ResNet-50, 3x224x224 generated images, 1000 classes, batch 256",
+              "final_speedup": 3.0, "final_decision": "faster", "final_comparison": steady, "final_sentence": "r",
+              "final_step": "3 + channels_last"}
+    (tmp_path / "results.json").write_text(json.dumps({**cifar, "imagenet": second}))
+    value, details = gb._jour1_parse(tmp_path, None)
+    assert value == 3.0 and details["workload"].startswith("ResNet-50") and details["cifar_final_speedup"] == 2.0
+    assert details["final_step"] == "3 + channels_last"
+    (tmp_path / "results.json").write_text(json.dumps({**cifar, "imagenet": {**second, "final_decision": "undecided"}}))
+    value, details = gb._jour1_parse(tmp_path, None)  # refused on the second workload, not read from CIFAR's
+    assert value is None and details["why"].startswith("refused: the final comparison is undecided")
+    (tmp_path / "results.json").write_text(json.dumps({**cifar, "imagenet": {"ran": False, "why": "no GPU here"}}))
+    value, details = gb._jour1_parse(tmp_path, None)
+    assert value == 2.0 and details["workload"] == gb.JOUR1_CIFAR
+    assert details["second_workload"] == "not run: no GPU here"
+
+
 def test_fsdp_mfu_reads_the_figure_with_the_lm_head_and_shows_both(tmp_path):
     rec = {"rank": 0, "status": "ok", "mfu": 0.42, "mfu_no_head": 0.37, "tokens_per_s": 1}
     value, details = gb._fsdp_parse(tmp_path, [rec])
