@@ -9,7 +9,7 @@ import pytest
 
 from dlo.course.checks import CheckFailed, launching
 from dlo.runtime.launch import LaunchError, launch
-from dlo.runtime.launch_view import FoldedOutput, RanksFailed
+from dlo.runtime.launch_view import FoldedOutput, RanksFailed, failed_ranks
 from dlo.runtime.paths import ROOT
 
 STUDENT = ROOT / "Jour2" / "student" / "dp_scratch_train.py"
@@ -65,12 +65,12 @@ LOG = """[torchrun] W1128 torch/distributed/run.py:803] Setting OMP_NUM_THREADS
 def test_failed_ranks_are_those_with_a_traceback_each_with_its_exception():
     err = LaunchError("rank 1 of x.py failed", rank=1, last_line="NotImplementedError: write step 3 (overlap)",
                       log=LOG, records_dir=Path("/tmp/launch"))
-    assert launching.failed_ranks(err) == {1: "NotImplementedError: write step 3 (overlap)",
+    assert failed_ranks(err) == {1: "NotImplementedError: write step 3 (overlap)",
                                            2: "torch.distributed.DistBackendError: Connection closed by peer"}
     blamed_two = LaunchError("rank 2 of x.py failed", rank=2, last_line="", log=LOG)
-    assert list(launching.failed_ranks(blamed_two)) == [2, 1]  # the launcher's verdict first, then the others
+    assert list(failed_ranks(blamed_two)) == [2, 1]  # the launcher's verdict first, then the others
     killed = LaunchError("rank 3 of x.py failed with exit code -9 (SIGKILL)", rank=3, last_line="", log="[rank3] hi")
-    assert launching.failed_ranks(killed) == {3: "(no output)"}
+    assert failed_ranks(killed) == {3: "(no output)"}
 
 
 def test_the_live_output_leaves_out_tracebacks_and_the_launchers_report():

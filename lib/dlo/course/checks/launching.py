@@ -22,7 +22,6 @@ from typing import Any, Sequence
 from dlo.course.checks.framework import REGISTRY, CheckFailed, check
 from dlo.course.exercises import load_exercises
 from dlo.runtime.launch import launch
-from dlo.runtime.launch_view import RanksFailed, failed_ranks  # noqa: F401 - re-exported
 
 
 def steps_not_passing(course: str, script: str | Path, steps: Sequence[str] | None = None) -> list[CheckFailed]:
