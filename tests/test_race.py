@@ -7,6 +7,7 @@ not the accuracy, are under test.
 from __future__ import annotations
 
 import json
+import re
 import math
 import subprocess
 import sys
@@ -507,3 +508,19 @@ def test_repeated_times_report_both_clocks_with_their_spread():
     one = race.repeated_times(recs[:1])
     assert one["time_to_target_s"]["std"] is None and "one attempt: no spread" in one["sentence"]
     assert "none of the 1" in race.repeated_times([{"reached": False}])["sentence"]
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("a string", "attempt 1: a JSON str, not an attempt"),
+    ({"name": "x", "time_to_target_s": "3.2"}, "attempt 1: field time_to_target_s is '3.2', not a finite number"),
+    ({"name": "x", "time_to_target_s": float("nan")}, "attempt 1: field time_to_target_s is nan, not a finite number"),
+    ({"name": "x", "accuracy": float("inf")}, "attempt 1: field accuracy is inf, not a finite number"),
+    ({"name": "x", "env": [1]}, "attempt 1: field env is [1], not an object"),
+])
+def test_an_attempt_of_the_wrong_shape_is_one_warning_and_the_others_are_ranked(tmp_path, bad, named):
+    path = tmp_path / "leaderboard.json"
+    path.write_text(json.dumps([_attempt("good", 5.0, 10000), bad, _attempt("also good", 6.0, 10000)]))
+    with pytest.warns(UserWarning, match=re.escape(named)) as seen:
+        table = board.leaderboard(path)
+    assert str(path) in str(seen[0].message) and "\n" not in str(seen[0].message)
+    assert list(table["name"]) == ["good", "also good"]

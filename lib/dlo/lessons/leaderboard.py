@@ -49,7 +49,43 @@ def read_leaderboard(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise ValueError(f"leaderboard {path} is not valid JSON ({exc.msg}, line {exc.lineno}): fix or delete it") from None
     if not isinstance(entries, list):
         raise ValueError(f"leaderboard {path} must hold a JSON list of attempts: fix or delete it")
-    return entries
+    return valid_entries(entries, str(path))
+
+
+#: Fields of an attempt that must be finite numbers when present (a leaderboard sorts and compares them).
+_NUMBERS = ("target", "n_test", "time_to_target_s", "time_after_loading_s", "accuracy", "best_accuracy", "epochs",
+            "epochs_run", "compile_s", "time_to_target_with_compile_s", "load_s", "eval_s")
+
+
+def _problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an attempt"
+    for key in _NUMBERS:
+        value = entry.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"field {key} is {value!r}, not a finite number"
+    for key in ("env", "versions"):
+        if entry.get(key) is not None and not isinstance(entry[key], dict):
+            return f"field {key} is {entry[key]!r}, not an object"
+    return None
+
+
+def valid_entries(entries: Iterable[Any], where: str = "the leaderboard") -> list[dict[str, Any]]:
+    """The attempts of ``entries`` that a table can rank: an attempt of the wrong shape (not an object, a number
+    field that is a string, NaN or inf) is left out with one warning naming ``where``, its index and the field;
+    every other attempt is kept."""
+    import warnings
+
+    kept = []
+    for i, entry in enumerate(entries):
+        problem = _problem(entry)
+        if problem:
+            warnings.warn(f"{where}: attempt {i}: {problem}: left out, the other attempts are ranked", stacklevel=2)
+        else:
+            kept.append(entry)
+    return kept
 
 
 def append_to_leaderboard(record: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -166,7 +202,8 @@ def leaderboard(source: str | os.PathLike | Iterable[dict[str, Any]], *, target:
     """
     import pandas as pd
 
-    entries = read_leaderboard(source) if isinstance(source, (str, os.PathLike)) else list(source)
+    entries = (read_leaderboard(source) if isinstance(source, (str, os.PathLike))
+               else valid_entries(source, "the attempts given"))
     if target is not None:
         target = check_target(target)
         entries = [e for e in entries if e.get("target") is not None and abs(e["target"] - target) < 1e-12]
