@@ -132,7 +132,7 @@ def test_cli_hint_gives_the_next_level_each_time_and_solution_prints_the_code(tm
     sol = dlo("solution", "optimizers", "lion")
     assert sol.returncode == 0 and "new_m = beta2 * m + (1 - beta2) * g" in sol.stdout
     bad = dlo("hint", "jour9", "x")
-    assert bad.returncode == 2 and "unknown step" in bad.stderr
+    assert bad.returncode == 2 and "unknown course 'jour9'" in bad.stderr
 
 
 def _squeeze(text: str) -> str:

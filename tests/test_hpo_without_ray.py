@@ -21,7 +21,8 @@ RAY_NAMES = {"ray", "tune", "run_tune", "OptunaSearch", "ASHAScheduler", "BasicV
 
 
 def _cells() -> list[str]:
-    return [c["source"] for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
 
 
 def _ray_section(cells: list[str]) -> list[str]:
@@ -80,7 +81,7 @@ def test_section_five_skips_at_once_when_ray_is_missing_or_does_not_start(failur
         "hpo": hpo, "torch": torch, "dev": torch.device("cpu"), "available_cores": lambda: 1,
         "first_line": first_line, "shutil": shutil, "OUT": Path(tmp_path), "results": {"versions": {}},
         "data_dir": None, "seed": 0, "SPACE": {}, "pd": pd, "display": lambda *a: None,
-        "Markdown": lambda s: s, "bench": types.SimpleNamespace(torch_threads=lambda n: _Nothing()),
+        "Markdown": lambda s: s, "torch_threads": lambda n: _Nothing(),
         "time": __import__("time"), "optuna": types.SimpleNamespace(
             create_study=lambda **k: Study(), samplers=optuna.samplers, pruners=optuna.pruners),
         "search_space": None, "train_and_report": None,

@@ -375,9 +375,10 @@ def test_run_executes_and_injects_parameters(tmp_path):
 def test_jour1_bad_input_gives_one_clear_line(tmp_path, param, value, expected):
     res = _dlo("run", "Jour1/jour1.ipynb", "--profile", "smoke", "--quiet", "--out-dir", str(tmp_path),
                "-p", param, value)
-    assert res.returncode == 1
-    last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: jour1.ipynb: code cell") and expected in last, last
+    assert res.returncode == 2  # refused by the notebook's own checks before any cell runs (dlo run -p)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: jour1.ipynb: code cell") and expected in lines[0], lines
+    assert not (tmp_path / "jour1.ipynb").exists()
 
 
 def test_plain_engine_runs_code_cells_with_parameters_and_names_failures(capsys):

@@ -90,7 +90,7 @@ def _code(notebook):
 def test_choices_read_validation_images_and_the_test_split_once(notebook):
     import re
 
-    cells = _code(notebook)
+    cells = _code(notebook) + _lesson_code(notebook)
     code = "\n".join(cells)
     assert not re.search(r"val_loader\s*=\s*\w*test", code), "a test loader passed as the validation loader"
     assert "cifar10_train_val(" in code or "hpo.load_cifar_tensors(" in code
@@ -98,10 +98,20 @@ def test_choices_read_validation_images_and_the_test_split_once(notebook):
     assert len(reads_test) <= 1, "the test split is opened for the final report only"
 
 
+def _lesson_code(notebook):
+    """The notebook's lesson module (dlo.lessons.<name>), where its plumbing lives, as one more piece of its code."""
+    from dlo.runtime.paths import ROOT
+
+    module = ROOT / "lib" / "dlo" / "lessons" / (notebook.split("/")[-1].replace(".ipynb", ".py"))
+    return [module.read_text()] if module.is_file() else []
+
+
 def test_early_stopping_in_the_optimizers_notebook_watches_the_validation_loader():
     code = "\n".join(_code("Jour3/optimizers.ipynb"))
-    assert "res = train(model, make_loader, cfg, dev, val_loader=val_loader)" in code
-    assert "early_stopping=2" in code and code.index("def run(") < code.index("early_stopping=2")
+    lesson = "\n".join(_lesson_code("Jour3/optimizers.ipynb"))
+    assert "res = train(model, make_loader, cfg, self.device, val_loader=self.val_loader)" in lesson
+    assert "OptimizerRuns(S, train_set, val_loader, dev" in code  # the runs get the validation loader
+    assert "early_stopping=2" in code and code.index("book.run") < code.index("early_stopping=2")
     assert code.index("early_stopping=2") < code.index("test_loader = ")  # the test set comes after every choice
 
 

@@ -157,15 +157,16 @@ def test_tp_checker_names_wrong_losses_from_their_models():
     """The tp/8 checker names a wrong vocab-parallel loss by recomputing the loss with each classic mistake:
     without a mistake its model is F.cross_entropy, and each mistake changes the value (so none is named
     for a right answer, and a wrong one is named for what it did)."""
-    from dlo.course.tp_cases import layers as tp_worker
+    from dlo.course.tp_cases import models as tp_worker
 
     logits = torch.randn(2, 6, 10, generator=torch.Generator().manual_seed(7))
     labels = torch.tensor([[0, 9, 4, 5, -100, 5], [3, 7, 1, 8, 2, 6]])
     ref = float(torch.nn.functional.cross_entropy(logits.reshape(-1, 10), labels.reshape(-1), ignore_index=-100))
-    assert abs(tp_worker._ce_variant(logits, labels) - ref) < 1e-6
-    assert tp_worker._ce_hint(torch.tensor(ref), logits, labels) == ""
-    values = [tp_worker._ce_variant(logits, labels, **kwargs) for kwargs, _ in tp_worker._CE_MISTAKES]
+    for tp in (2, 5):  # the slices of a vocabulary of 10
+        assert abs(tp_worker._ce_variant(logits, labels, tp) - ref) < 1e-6
+        assert tp_worker._ce_hint(torch.tensor(ref), logits, labels, tp) == ""
+    values = [tp_worker._ce_variant(logits, labels, 2, **kwargs) for kwargs, _ in tp_worker._CE_MISTAKES]
     assert all(abs(v - ref) > 1e-3 for v in values)
     assert len({round(v, 4) for v in values}) == len(values)  # each mistake tells itself apart
     for value, (_, words) in zip(values, tp_worker._CE_MISTAKES):
-        assert tp_worker._ce_hint(torch.tensor(value), logits, labels) == f" -- {words}"
+        assert tp_worker._ce_hint(torch.tensor(value), logits, labels, 2) == f" -- {words}"

@@ -35,10 +35,11 @@ def _last_error_line(lines: Sequence[str]) -> str:
     return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
 
 
-def _stop_with_stacks(pid: int, wait_s: float = 5.0) -> None:
+def _stop_with_stacks(pid: int, wait_s: float = 30.0) -> None:
     """Stop a hung launch so that its log says where it hung: every process under ``pid`` gets SIGABRT, on
     which Python (started with ``PYTHONFAULTHANDLER=1``) prints each thread's stack before it dies; then
-    whatever is left is killed."""
+    whatever is left is killed. ``wait_s`` is a ceiling for a loaded machine, where printing the stacks takes seconds:
+    the wait ends as soon as every process has died."""
     import psutil
 
     try:
