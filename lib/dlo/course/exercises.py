@@ -37,3 +37,41 @@ def load_exercises(notebook: str | os.PathLike) -> dict[str, Any]:
 
 
 __all__ = ["load_exercises"]
+
+
+def write_answer(fn: Any, folder: Path, name: str) -> Path:
+    """Write what a multi-process check's processes run (:func:`read_answer` reads it back): the source text of the
+    cell or file that defines ``fn`` (``<name>.py``) or, where no source text is kept (a notebook run by the plain
+    engine, which compiles each cell's syntax tree), ``fn``'s compiled code (``<name>.code``: the processes are forked
+    from this interpreter, so the bytecode format is the same). ValueError when ``fn`` is not a plain function."""
+    import marshal
+
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        raise ValueError(f"{name} must be a plain function (def {name}(...): ...)")
+    lines = linecache.getlines(code.co_filename)
+    if not lines and Path(code.co_filename).is_file():
+        lines = Path(code.co_filename).read_text().splitlines(True)
+    if lines:
+        path = Path(folder) / f"{name}_answer.py"
+        path.write_text("".join(lines))
+    else:
+        path = Path(folder) / f"{name}_answer.code"
+        path.write_bytes(marshal.dumps((code, fn.__defaults__)))  # the defaults travel too (e.g. group=None)
+    return path
+
+
+def read_answer(path: str, ns: dict[str, Any], name: str) -> Any:
+    """In a check's process: the function ``name`` that :func:`write_answer` wrote to ``path``, defined in ``ns``
+    (the names the answer may use)."""
+    import marshal
+    import types
+
+    if path.endswith(".code"):
+        with open(path, "rb") as f:
+            code, defaults = marshal.loads(f.read())  # written by the checker itself, in this interpreter
+        ns[name] = types.FunctionType(code, ns, name, defaults)
+    else:
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), ns)  # noqa: S102 - the student's answer, checked
+    return ns[name]

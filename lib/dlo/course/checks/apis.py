@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset, default_collate
 
-from dlo.course.checks.experts_dispatch import write_answer
+from dlo.course.exercises import write_answer
 from dlo.course.checks.framework import CheckFailed, expect, peer_records, register
 from dlo.lessons.apis_core import missing_library
 
@@ -284,7 +284,11 @@ def _peer_problem(rank: int, setup: tuple, answer: dict, reference: dict) -> str
 def _check_on_two_processes(fabric_loop: Callable) -> None:
     """The answer and the reference trained on 2 gloo processes (:mod:`dlo.course.checks.apis_worker`)."""
     with tempfile.TemporaryDirectory() as tmp:
-        records = peer_records(WORKER, [str(write_answer(fabric_loop, Path(tmp)))], 2, timeout_s=180)
+        try:
+            answer = write_answer(fabric_loop, Path(tmp), "fabric_loop")
+        except ValueError as exc:
+            raise CheckFailed(str(exc)) from None
+        records = peer_records(WORKER, [str(answer)], 2, timeout_s=180)
     for record in records:
         for run in record["runs"]:
             if run["answer"].get("error", "").startswith("NotImplementedError"):

@@ -4,11 +4,9 @@ rank did: the sample ids of every batch it iterated, the micro-batches after whi
 (seen by a DDP communication hook, the effect of ``no_backward_sync``), the losses returned and the final weights.
 
 Usage (through dlo.runtime.launch.launch_forked): ``apis_worker.py ANSWER`` (``.py``: source text; ``.code``: the
-function's compiled code, see :func:`dlo.course.checks.experts_dispatch.write_answer`).
+function's compiled code, see :func:`dlo.course.exercises.write_answer`).
 """
-import marshal
 import sys
-import types
 
 import torch
 import torch.distributed as dist
@@ -18,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from dlo.course.checks.apis import PEER_SETUPS, logged_setup, reference_loop
 from dlo.runtime.distributed import exit_after_success, init_distributed, teardown
+from dlo.course.exercises import read_answer
 from dlo.runtime.records import write_record
 
 ctx = init_distributed(backend="gloo", device="cpu", timeout_s=60)
@@ -69,14 +68,7 @@ def _train(loop, setup) -> dict:
 
 try:
     ns = {"__name__": "__exercises__", "torch": torch, "F": F, "nn": nn, "DataLoader": DataLoader}
-    path = sys.argv[1]
-    if path.endswith(".code"):  # the function's compiled code, written by the checker (same interpreter)
-        with open(path, "rb") as f:
-            code, defaults = marshal.loads(f.read())
-        ns["fabric_loop"] = types.FunctionType(code, ns, "fabric_loop", defaults)
-    else:
-        with open(path) as f:
-            exec(compile(f.read(), path, "exec"), ns)  # noqa: S102 - the student's answer, checked
+    read_answer(sys.argv[1], ns, "fabric_loop")
     runs = []
     for setup in PEER_SETUPS:
         runs.append({"answer": _train(ns["fabric_loop"], setup), "reference": _train(reference_loop, setup)})

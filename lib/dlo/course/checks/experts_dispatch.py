@@ -16,12 +16,10 @@ shows in the values; it also records what each rank received.
    that get no row. Every exchange's split sizes are compared with the case's before it runs (named on every rank
    alike), each rank's outputs with the single-process reference (:func:`dlo.course.dispatch_cases.verdict`); the
    smallest failing case is reported. The student's function travels as the source text of the cell or file that
-   defines it (:func:`write_answer`).
+   defines it (:func:`dlo.course.exercises.write_answer`).
 """
 from __future__ import annotations
 
-import linecache
-import marshal
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -30,6 +28,7 @@ import torch.distributed as dist
 
 from dlo.course.checks.ddp import one_process_group
 from dlo.course.checks.framework import CheckFailed, expect, peer_records, register
+from dlo.course.exercises import write_answer
 from dlo.course.dispatch_cases import CASES, WORLD, CheckedAllToAll, case_inputs, verdict
 
 EXPERTS_NB = "tp_fsdp/experts.ipynb"
@@ -66,25 +65,6 @@ def _one_process(dispatch_combine: Callable, counter: _CountCalls, rows, expert,
         return f"{where}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
 
 
-def write_answer(fn: Callable, folder: Path) -> Path:
-    """Write what the check's processes run: the source text of the cell or file that defines ``fn`` (``.py``) or,
-    where no source text is kept (a notebook run by the plain engine, which compiles each cell's syntax tree),
-    ``fn``'s compiled code (``.code``: same interpreter, so the same bytecode format)."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        raise CheckFailed("dispatch_combine must be a plain function (def dispatch_combine(...): ...)")
-    lines = linecache.getlines(code.co_filename)
-    if not lines and Path(code.co_filename).is_file():
-        lines = Path(code.co_filename).read_text().splitlines(True)
-    if lines:
-        path = folder / "dispatch_answer.py"
-        path.write_text("".join(lines))
-    else:
-        path = folder / "dispatch_answer.code"
-        path.write_bytes(marshal.dumps((code, fn.__defaults__)))  # group=None: the defaults travel too
-    return path
-
-
 @register("experts", "dispatch", ("dispatch_combine",), EXPERTS_NB)
 def _check_dispatch(dispatch_combine: Callable) -> str:
     with one_process_group(), _CountCalls() as counter:
@@ -109,7 +89,11 @@ def _check_dispatch(dispatch_combine: Callable) -> str:
                "for it: a hang)")
         expect(result == "ok", result)
     with tempfile.TemporaryDirectory() as tmp:
-        records = peer_records(WORKER, [str(write_answer(dispatch_combine, Path(tmp)))], WORLD, timeout_s=120)
+        try:
+            answer = write_answer(dispatch_combine, Path(tmp), "dispatch_combine")
+        except ValueError as exc:
+            raise CheckFailed(str(exc)) from None
+        records = peer_records(WORKER, [str(answer)], WORLD, timeout_s=120)
     wrong = [f"{WORLD} processes, global rank {r['rank']}, {v}" for r in records for v in r["verdicts"] if v != "ok"]
     # the smallest failing case; in it, a named mistake (on the rank that saw it) before its effects on the others
     expect(not wrong, min(wrong, key=lambda v: (_case_number(v), "wrong rank or expert" in v)) if wrong else "")

@@ -5,12 +5,10 @@ collective that a peer never joins fails after the group's short timeout instead
 failed on any rank, every rank stops.
 
 Usage (through dlo.runtime.launch.launch_forked): ``experts_dispatch_worker.py ANSWER`` (``.py``: source text;
-``.code``: the function's compiled code, see :func:`dlo.course.checks.experts_dispatch.write_answer`).
+``.code``: the function's compiled code, see :func:`dlo.course.exercises.write_answer`).
 """
-import marshal
 import math
 import sys
-import types
 
 import torch
 import torch.distributed as dist
@@ -20,6 +18,7 @@ from torch import nn
 from dlo.course.dispatch_cases import CASES, CheckedAllToAll, case_inputs, split_sizes, verdict
 from dlo.parallel import experts as X
 from dlo.runtime.distributed import exit_after_success, init_distributed, teardown
+from dlo.course.exercises import read_answer
 from dlo.runtime.records import write_record
 
 ctx = init_distributed(backend="gloo", device="cpu", timeout_s=30)
@@ -29,14 +28,7 @@ checked = CheckedAllToAll(dist.all_to_all_single)
 dist.all_to_all_single = checked
 try:
     ns = {"__name__": "__exercises__", "torch": torch, "dist": dist, "F": F, "nn": nn, "math": math, "X": X}
-    path = sys.argv[1]
-    if path.endswith(".code"):  # the function's compiled code, written by the checker (same interpreter)
-        with open(path, "rb") as f:
-            code, defaults = marshal.loads(f.read())
-        ns["dispatch_combine"] = types.FunctionType(code, ns, "dispatch_combine", defaults)
-    else:
-        with open(path) as f:
-            exec(compile(f.read(), path, "exec"), ns)  # noqa: S102 - the student's answer, checked
+    read_answer(sys.argv[1], ns, "dispatch_combine")
     groups = {m: dist.new_group(list(m)) for m in dict.fromkeys(c.members for c in CASES if c.members is not None)}
     results = []
     for number, case in enumerate(CASES):
