@@ -283,6 +283,13 @@ def test_full_profile_is_planned_before_launch(workshop, world):
     for r in skipped:
         assert r["kind"] == "pipeline" and r["stages"] == world and "\n" not in r["skipped"] and r["skipped"]
     skipped_keys = {(r["schedule"], r["micro_batches"]) for r in skipped}
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None and world > 1:  # a GPU node without DeepSpeed: only its rows
+        missing = {k for k in skipped_keys if k[0] == "deepspeed"}  # are skipped, each saying why
+        assert missing == {("deepspeed", m) for m in S["micro_batches"]}
+        assert all("deepspeed" in r["skipped"].lower() for r in skipped if r["schedule"] == "deepspeed")
+        skipped_keys -= missing
     if world == 1:
         assert skipped_keys == {(s, m) for s in workshop.LIBRARIES for m in S["micro_batches"]}
     elif world == 8:
