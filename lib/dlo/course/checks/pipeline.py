@@ -1,16 +1,20 @@
 """Checkers of tp_pipeline/pipeline_train.py (``dlo check pipeline <step>``): the schedules you write.
 
 A schedule is an order of calls on a :class:`dlo.parallel.pipeline.Pipe`. Each checker runs your function
-three times, in this process:
+on generated cases, in this process, and compares it with the library's reference schedules
+(:mod:`dlo.parallel.pipeline.schedules`, the orders the simulator runs):
 
-1. on a *recording* pipe for every rank of a 2- and a 4-stage pipeline: the calls must pass the right
-   tensors along (the input of micro-batch ``i`` into its forward, its output into the send, ...) and
-   come in the expected order (with the activations the schedule promises);
+1. on a *recording* pipe for every rank of pipelines of p = 1, 2, 3, 4 stages (and a few drawn larger ones),
+   with fewer micro-batches than stages, as many, and more but not a multiple of p (interleaved: v = 1, 2, 3
+   chunks, and m not a multiple of p, which must raise ValueError): the calls must pass the right tensors along
+   (the input of micro-batch ``i`` into its forward, its output into the send, ...) and come in the reference's
+   order (hence with the activations in flight the schedule promises);
 2. on a :class:`dlo.parallel.p2p_replay.DryRunPipe` for every rank: the transfers it posts are replayed
    under NCCL's rules and must not deadlock (on GPUs the order of the receives and sends matters, not
    only the order of the computes);
-3. on a real one-stage :class:`Pipe` (the whole model): the gradients must equal the model's own
-   ``loss.backward()`` on the whole batch, i.e. every micro-batch ran forward and backward once.
+3. on a real one-rank :class:`Pipe` (the whole model, or v chunks of it), for several micro-batch counts, model
+   depths and seeds: the loss and every parameter's gradient must equal the model's own ``loss.backward()`` on
+   the whole batch, i.e. every micro-batch ran forward and backward once, on the right data.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from dlo.course.checks.cases import Case, compare, seeded
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.models.llama import Llama, token_batch
 from dlo.models.config import TransformerConfig
@@ -40,14 +45,15 @@ class _Token:
 class RecordingPipe:
     """Stands for one rank's Pipe: hands out tokens instead of tensors and records the compute order."""
 
-    def __init__(self, rank: int, world_size: int, micro_batches: int, chunks: int = 1) -> None:
+    def __init__(self, rank: int, world_size: int, micro_batches: int, chunks: int = 1, *,
+                 stepwise: bool = False) -> None:
         self.rank, self.world_size, self.micro_batches = rank, world_size, micro_batches
         self.chunks = [None] * chunks
         self.actions: list[tuple] = []
         self.in_flight = self.max_in_flight = 0
         # a step of an interleaved schedule asks for both inputs before its two computes and sends both
         # outputs after them: one compute may come between a transfer and its compute there, none elsewhere
-        self.slack = 0 if chunks == 1 else 1
+        self.slack = 1 if stepwise or chunks > 1 else 0
         self.computes = 0
         self._asked: dict = {}  # (kind, mb, chunk) -> computes done when its input was asked for
         self._done_at: dict = {}  # (kind, mb, chunk) -> number of its compute
@@ -125,7 +131,9 @@ class RecordingPipe:
     def backward_compute(self, mb: int, g: Any, chunk: int = 0):
         key = self._key(mb, chunk)
         if ("F", *key) not in self.actions:
-            raise CheckFailed(f"rank {self.rank}: backward_compute({mb}) before the forward of micro-batch {mb}")
+            at = f" chunk {chunk}" if len(self.chunks) > 1 else ""
+            raise CheckFailed(f"rank {self.rank}: backward_compute({mb}) of micro-batch {mb}{at} came before its "
+                              "forward")
         if g is None:
             raise CheckFailed(f"rank {self.rank}: backward_compute({mb}, None): pass the output gradient that "
                               f"recv_backward({mb}) returned (it is None on the last stage only, where the Pipe "
@@ -144,48 +152,117 @@ class RecordingPipe:
         self._sent("B", key)
 
 
-def _orders(fn: Callable, world: int, m: int, chunks: int = 1) -> list[RecordingPipe]:
-    pipes = []
-    for rank in range(world):
-        pipe = RecordingPipe(rank, world, m, chunks)
+def _label(p: int, m: int, v: int | None = None) -> str:
+    chunks = "" if v is None else f", v={v} chunk{'s' * (v > 1)}"
+    return f"p={p} stage{'s' * (p > 1)}, m={m} micro-batch{'es' * (m > 1)}{chunks}"
+
+
+def _case(p: int, m: int, v: int | None = None) -> Case:
+    """A pipeline of ``p`` ranks, ``m`` micro-batches and (interleaved only) ``v`` chunks per rank."""
+    return Case(_label(p, m, v), {"p": p, "m": m, "v": v or 1, "stepwise": v is not None},
+                size=p * m * (v or 1) + p / 10)
+
+
+def _flat_cases(n: int = 4) -> list[Case]:
+    """p = 1..4 stages, each with fewer micro-batches than stages, as many, and more but not a multiple of p, plus
+    ``n`` drawn ones up to 6 stages."""
+    fixed = [_case(p, m) for p in range(1, 5) for m in sorted({1, p - 1, p, p + 1, 2 * p + 1} - {0})]
+    return seeded(lambda r: _case(r.randint(2, 6), r.randint(1, 13)), n, seed=1, fixed=fixed)
+
+
+def _interleaved_cases(n: int = 3) -> tuple[list[Case], list[Case]]:
+    """(valid cases: p = 1..4, v = 1..3, m = p and 2p, plus drawn ones; cases where m is not a multiple of p)."""
+    fixed = [_case(p, k * p, v) for p in range(1, 5) for v in (1, 2, 3) for k in (1, 2)]
+    valid = seeded(lambda r: (lambda p: _case(p, p * r.randint(1, 3), r.randint(2, 3)))(r.randint(2, 5)), n, seed=2,
+                   fixed=fixed)
+    invalid = [_case(p, m, v) for p, m, v in ((2, 1, 2), (2, 3, 2), (3, 4, 2), (4, 6, 3), (3, 7, 1))]
+    return valid, invalid
+
+
+def _run_rank(fn: Callable, pipe: RecordingPipe, label: str) -> None:
+    try:
         fn(pipe)
-        every = {(k, mb, c) for k in "FB" for mb in range(m) for c in range(chunks)}
+    except (CheckFailed, NotImplementedError) as exc:
+        if isinstance(exc, CheckFailed):
+            raise CheckFailed(f"with {label}, {exc}") from None
+        raise
+    except Exception as exc:  # noqa: BLE001 - any error of the answer is reported with its case
+        first = (str(exc).splitlines() or [""])[0][:160]
+        raise CheckFailed(f"with {label}, rank {pipe.rank}: it raised {type(exc).__name__}: {first}") from None
+
+
+def _orders(fn: Callable, case: Case) -> list[RecordingPipe]:
+    p, m, v = case.kwargs["p"], case.kwargs["m"], case.kwargs["v"]
+    pipes = []
+    for rank in range(p):
+        pipe = RecordingPipe(rank, p, m, v, stepwise=case.kwargs["stepwise"])
+        _run_rank(fn, pipe, case.label)
+        every = {(k, mb, c) for k in "FB" for mb in range(m) for c in range(v)}
         missing = sorted(every - set(pipe.actions))
-        expect(not missing, f"rank {rank} of {world}, m={m}: {len(missing)} action(s) never ran, e.g. "
-                             f"{missing[0][0]} of micro-batch {missing[0][1]}: every micro-batch needs a forward and a "
-                             "backward on every stage (else its gradient is missing)" if missing else "")
+        expect(not missing, f"with {case.label}, rank {rank}: {len(missing)} action(s) never ran, e.g. "
+                            f"{missing[0][0]} of micro-batch {missing[0][1]}"
+                            f"{f' chunk {missing[0][2]}' if v > 1 else ''}: every micro-batch needs a forward and a "
+                            "backward on every stage (else its gradient is missing)" if missing else "")
         pipes.append(pipe)
     return pipes
 
 
-def _no_deadlock(fn: Callable, world: int, m: int, chunks: int = 1, hint: str = "") -> None:
+def _no_deadlock(fn: Callable, case: Case, hint: str = "") -> None:
     """The transfers ``fn`` posts on every rank, replayed under NCCL's rules, all complete."""
-    replay = replay_schedule(fn, world, m, chunks)
-    expect(replay.ok, f"{world} stages, m={m}{f', v={chunks}' if chunks > 1 else ''}: the computes come in the "
-                       f"right order but on GPUs (NCCL) the transfers would wait for each other forever:\n"
-                       f"{replay.explain()}" + (f"\n{hint}" if hint else ""))
+    p, m, v = case.kwargs["p"], case.kwargs["m"], case.kwargs["v"]
+    if p == 1:
+        return
+    replay = replay_schedule(fn, p, m, v)
+    expect(replay.ok, f"with {case.label}: the computes come in the right order but on GPUs (NCCL) the transfers "
+                      f"would wait for each other forever:\n{replay.explain()}" + (f"\n{hint}" if hint else ""))
 
 
-def _real_step(fn: Callable, m: int, chunks: int = 1) -> None:
+def _config(layers: int, hidden: int) -> TransformerConfig:
+    return TransformerConfig(vocab_size=32, hidden_size=hidden, intermediate_size=hidden + 8, num_layers=layers,
+                             num_heads=2, name="check")
+
+
+def _real_step(fn: Callable, m: int, chunks: int = 1, layers: int = 2, hidden: int = 16, seed: int = 0) -> None:
     """One real pipeline step on one process (one stage holding the whole model, or `chunks` chunks of a
-    one-rank interleaved pipeline): the accumulated gradients must equal the whole batch's."""
-
-    cfg = TransformerConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=2, num_heads=2,
-                            name="check")
-    ids, labels = token_batch(4, 6, cfg.vocab_size, seed=1)
-    model = Llama(cfg, seed=0)
+    one-rank interleaved pipeline): the loss and every accumulated gradient must equal the whole batch's."""
+    label = (f"a real step on one rank, m={m}{f', v={chunks} chunks' if chunks > 1 else ''}, {layers} layer(s), "
+             f"hidden {hidden}, seed {seed}")
+    cfg = _config(layers, hidden)
+    ids, labels = token_batch(6, 5, cfg.vocab_size, seed=seed + 1)
+    model = Llama(cfg, seed=seed)
     stages = build_chunks(model, 0, 1, chunks) if chunks > 1 else build_stage(model, 0, 1)
     pipe = Pipe(stages, (ids, labels), m)
     pipe.reset()
-    fn(pipe)
+    _run_rank(fn, pipe, label)
     stats = pipe.finish()
-    ref = Llama(cfg, seed=0)
+    ref = Llama(cfg, seed=seed)
     loss = ref.loss(ids, labels)
     loss.backward()
-    expect(abs(stats.loss - loss.item()) < 1e-5, f"loss {stats.loss} != the whole batch's {loss.item():.6f}")
+    problem = compare(float(stats.loss), loss.item(), "the loss", scale=10)
     for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
-        expect(p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6),
-                f"gradient of {name} differs from the single-process one after a real step (m={m})")
+        if problem:
+            break
+        problem = ("the gradient of {name} is missing" if p.grad is None else
+                   compare(p.grad, q.grad, f"the gradient of {name}", scale=10))
+    expect(not problem, f"with {label}: {problem} (reference: the whole batch's loss.backward() on the same model)")
+
+
+def _order_rule(got: list, want: list, *, chunks: bool = False) -> str:
+    """How a 1F1B-like order differs from the reference, in words: the warm-up length when it differs (and only
+    then), else the first action that differs and what the steady state or the cool-down expects there."""
+    if _warmup(got) != _warmup(want):
+        return (f"{_warmup(got)} forward(s) before the first backward, this stage needs {_warmup(want)}: the warm-up "
+                "depends on how far the stage is from the last one (the last stage needs none) and on how many "
+                "micro-batches there are")
+    first = next(i for i, (a, b) in enumerate(zip(got + [None] * len(want), want)) if a != b)
+    where = "cool-down" if all(a[0] == "B" for a in want[first:]) else "steady state"
+    seen = got[first] if first < len(got) else "nothing"
+    said = f"the warm-up is right, then action {first} ({where}) should be {want[first]}, got {seen}: "
+    if chunks and seen != "nothing" and seen[:2] == want[first][:2]:  # the right action and micro-batch, not chunk
+        return said + ("a micro-batch's backwards visit the chunks in the reverse order of its forwards (last chunk "
+                       "first)" if seen[0] == "B" else "a group of p micro-batches goes through one chunk before the "
+                       "next chunk")
+    return said + "after the warm-up each forward is followed by the backward of the oldest micro-batch still waiting"
 
 
 def _actions(pipe: RecordingPipe) -> list[tuple[str, int]]:
@@ -197,75 +274,96 @@ def _warmup(actions: list) -> int:
     return next((i for i, a in enumerate(actions) if a[0] == "B"), len(actions))
 
 
-def _order_problem(got: list, want: list, *, chunks: bool = False) -> str:
-    """What is wrong with a 1F1B-like order, in words: the warm-up length when it differs (and only then), else
-    the first action that differs and what the steady state or the cool-down expects there."""
-    if _warmup(got) != _warmup(want):
-        return (f"{_warmup(got)} forward(s) before the first backward, this stage needs {_warmup(want)}: the warm-up "
-                "depends on how far the stage is from the last one (the last stage needs none) and on how many "
-                "micro-batches there are")
-    first = next(i for i, (a, b) in enumerate(zip(got + [None] * len(want), want)) if a != b)
-    where = "cool-down" if all(a[0] == "B" for a in want[first:]) else "steady state"
-    seen = got[first] if first < len(got) else "nothing"
-    what = ("each micro-batch's backward visits the chunks in the reverse order of its forward; "
-            if chunks and where == "steady state" else "")
-    return (f"the warm-up is right, then action {first} ({where}) should be {want[first]}, got {seen}: {what}after "
-            "the warm-up each forward is followed by the backward of the oldest micro-batch still waiting")
+def _afab_order(rank: int, p: int, m: int, v: int) -> list:
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+def _1f1b_order(rank: int, p: int, m: int, v: int) -> list:
+    return one_f_one_b_actions(rank, p, m)
+
+
+def _interleaved_order(rank: int, p: int, m: int, v: int) -> list:
+    return interleaved_actions(rank, p, m, v)
+
+
+def _same_orders(fn: Callable, cases: list[Case], reference: Callable, explain: Callable, hint: str = "") -> None:
+    """On every case and rank, ``fn``'s order equals the reference's (``explain(got, want)`` says how it differs),
+    and its transfers do not deadlock."""
+    for case in cases:
+        p, m, v = case.kwargs["p"], case.kwargs["m"], case.kwargs["v"]
+        for pipe in _orders(fn, case):
+            want = reference(pipe.rank, p, m, v)
+            got = pipe.actions if v > 1 or reference is _interleaved_order else _actions(pipe)
+            if got != want:
+                raise CheckFailed(f"with {case.label}, rank {pipe.rank}: " + explain(got, want))
+        _no_deadlock(fn, case, hint)
+
+
+def _short(actions: list) -> str:
+    text = " ".join(f"{a[0]}{a[1]}" + (f".{a[2]}" if len(a) > 2 else "") for a in actions)
+    return text if len(text) < 160 else text[:157] + "..."
 
 
 @register("pipeline", "naive", ("naive_step",), SCRIPT)
 def _check_naive(naive_step: Callable) -> str:
-    for world in (2, 3, 4):
-        for pipe in _orders(naive_step, world, 1):
-            expect(_actions(pipe) == [("F", 0), ("B", 0)],
-                    f"rank {pipe.rank}: expected forward then backward of the one batch, got {_actions(pipe)}")
-        _no_deadlock(naive_step, world, 1)
-    _real_step(naive_step, 1)
-    return "forward, send, then backward, send back: one batch through all stages"
+    cases = [_case(p, 1) for p in (1, 2, 3, 4, 5)]
+    _same_orders(naive_step, cases, _afab_order,
+                 lambda got, want: f"expected the forward then the backward of the one batch (F0 B0), got {_short(got)}")
+    for layers, hidden, seed in ((1, 16, 0), (3, 24, 1)):
+        _real_step(naive_step, 1, layers=layers, hidden=hidden, seed=seed)
+    return f"forward, send, then backward, send back: one batch through 1 to 5 stages ({len(cases)} pipelines)"
 
 
 @register("pipeline", "afab", ("afab_step",), SCRIPT)
 def _check_afab(afab_step: Callable) -> str:
-    for world, m in ((2, 4), (3, 5), (4, 8)):
-        want = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-        for pipe in _orders(afab_step, world, m):
-            expect(_actions(pipe) == want, f"rank {pipe.rank} of {world}, m={m}: expected all forwards 0..{m - 1}, then "
-                                            f"all backwards 0..{m - 1}; got {_actions(pipe)}")
-            expect(pipe.max_in_flight == m, "AFAB keeps all m micro-batches alive before the first backward")
-        _no_deadlock(afab_step, world, m)
-    _real_step(afab_step, 4)
-    return "all forwards, then all backwards; gradients accumulated over the micro-batches"
+    cases = _flat_cases()
+    _same_orders(afab_step, cases, _afab_order,
+                 lambda got, want: f"expected all forwards 0..{len(want) // 2 - 1}, then all backwards "
+                                   f"0..{len(want) // 2 - 1} ({_short(want)}); got {_short(got)}")
+    for m, layers, hidden, seed in ((2, 1, 16, 0), (3, 2, 24, 1), (6, 3, 16, 2)):
+        _real_step(afab_step, m, layers=layers, hidden=hidden, seed=seed)
+    return (f"all forwards, then all backwards, on {len(cases)} pipelines (p = 1..6, m below, at and above p); "
+            "gradients accumulated over the micro-batches")
 
 
 @register("pipeline", "1f1b", ("one_f_one_b_step",), SCRIPT)
 def _check_1f1b(one_f_one_b_step: Callable) -> str:
+    cases = _flat_cases()
+    _same_orders(one_f_one_b_step, cases, _1f1b_order, _order_rule,
+                 hint="write each forward and each backward as receive, compute, send: the Pipe then posts a send "
+                      "with the next receive")
+    for m, layers, hidden, seed in ((2, 1, 16, 0), (3, 2, 24, 1), (6, 3, 16, 2)):
+        _real_step(one_f_one_b_step, m, layers=layers, hidden=hidden, seed=seed)
+    return (f"warm-up, one forward / one backward, cool-down on {len(cases)} pipelines: at most world_size - rank "
+            "micro-batches alive")
 
-    for world, m in ((2, 4), (3, 5), (4, 8), (4, 2)):
-        for pipe in _orders(one_f_one_b_step, world, m):
-            want = one_f_one_b_actions(pipe.rank, world, m)
-            got = _actions(pipe)
-            if got != want:
-                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}: " + _order_problem(got, want))
-            expect(pipe.max_in_flight <= min(world - pipe.rank, m),
-                    f"rank {pipe.rank}: {pipe.max_in_flight} micro-batches alive at once, 1F1B allows world_size - rank")
-        _no_deadlock(one_f_one_b_step, world, m, hint="write each forward and each backward as receive, compute, "
-                                                        "send: the Pipe then posts a send with the next receive")
-    _real_step(one_f_one_b_step, 4)
-    return "warm-up, one forward / one backward, cool-down: at most world_size - rank micro-batches alive"
+
+def _expect_value_error(fn: Callable, case: Case) -> None:
+    p, m, v = case.kwargs["p"], case.kwargs["m"], case.kwargs["v"]
+    try:
+        fn(RecordingPipe(0, p, m, v, stepwise=True))
+    except ValueError:
+        return
+    except (CheckFailed, NotImplementedError, Exception) as exc:  # noqa: BLE001 - anything else is the answer's
+        if isinstance(exc, NotImplementedError):
+            raise
+        outcome = (f"it ran into: {exc}" if isinstance(exc, CheckFailed) else
+                   f"it raised {type(exc).__name__} ({(str(exc).splitlines() or [''])[0][:100]})")
+    else:
+        outcome = "it ran"
+    raise CheckFailed(f"with {case.label} (m not a multiple of p), rank 0: {outcome}; the micro-batches go in groups "
+                      f"of p, so m={m} must be refused with a ValueError")
 
 
 @register("pipeline", "interleaved", ("interleaved_step",), SCRIPT)
 def _check_interleaved(interleaved_step: Callable) -> str:
-
-    for world, m, v in ((2, 4, 2), (3, 6, 2), (4, 8, 2), (2, 2, 3)):
-        for pipe in _orders(interleaved_step, world, m, v):
-            want = interleaved_actions(pipe.rank, world, m, v)
-            if pipe.actions != want:
-                raise CheckFailed(f"rank {pipe.rank} of {world}, m={m}, v={v}: "
-                                  + _order_problem(pipe.actions, want, chunks=True))
-        _no_deadlock(interleaved_step, world, m, v, hint="go step by step: in a steady step ask for both inputs "
-                                                          "(recv_forward and recv_backward) before the two computes, "
-                                                          "and send both outputs after them")
-    _real_step(interleaved_step, 2, chunks=2)
-    return ("interleaved 1F1B: each micro-batch visits every rank v times, smaller bubble; a step's transfers go "
-            "out together")
+    valid, invalid = _interleaved_cases()
+    _same_orders(interleaved_step, valid, _interleaved_order, lambda got, want: _order_rule(got, want, chunks=True),
+                 hint="go step by step: in a steady step ask for both inputs (recv_forward and recv_backward) before "
+                      "the two computes, and send both outputs after them")
+    for case in invalid:
+        _expect_value_error(interleaved_step, case)
+    for m, v, layers, seed in ((2, 2, 2, 0), (3, 3, 3, 1), (1, 2, 4, 2)):
+        _real_step(interleaved_step, m, chunks=v, layers=layers, seed=seed)
+    return (f"interleaved 1F1B on {len(valid)} pipelines (p = 1..5, v = 1..3, m = p to 3p), m not a multiple of p "
+            "refused: each micro-batch visits every rank v times; a step's transfers go out together")

@@ -2,7 +2,7 @@
 gradient it has not produced."""
 import torch
 
-EXPECT = "before the forward"
+EXPECT = "came before its forward"
 
 
 def one_f_one_b_step(pipe):

@@ -2,7 +2,7 @@
 the depth-first order of the schedule is lost."""
 import torch
 
-EXPECT = "before the forward"
+EXPECT = "came before its forward"
 
 
 def interleaved_step(pipe):
