@@ -1,141 +1,108 @@
 """Checkers of Jour3/optimizers.ipynb (course ``optimizers``). The JIT notebook's are in :mod:`dlo.checks_jit`."""
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 from torch import nn
 
+from dlo.course.checks import optimizers_cases as oc
+from dlo.course.checks.cases import compare
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.lr_find import lr_find
 from dlo.training.checkpoint import rng_state, set_rng_state
-from dlo.training.optim import Lion
 
 OPTIM_NB = "Jour3/optimizers.ipynb"
 
 
 @register("optimizers", "warmup", ("warmup_cosine_lr",), OPTIM_NB)
 def _check_warmup(warmup_cosine_lr: Callable) -> str:
-    def expected(step: int, total: int, warmup: int, base: float) -> float:
-        if step < warmup:
-            return base * (step + 1) / warmup
-        return base * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
-
-    for total, warmup, base in ((100, 10, 0.1), (50, 1, 2.0), (1000, 100, 3e-4)):
-        for step in sorted({0, 1, warmup - 1, warmup, warmup + 1, total // 2, total - 1}):
-            got = warmup_cosine_lr(step, total, warmup, base)
-            want = expected(step, total, warmup, base)
-            ok = isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, abs(want))
-            why = ""
-            if not ok and step >= warmup and isinstance(got, (int, float)):
-                linear = base * (1 - (step - warmup) / (total - warmup))
-                why = " -- that is a linear decay after the warm-up: the rate follows half a cosine" \
-                    if abs(got - linear) <= 1e-9 * max(1.0, abs(linear)) else ""
-            expect(ok, f"step {step} of {total} (warm-up {warmup}, base {base}): expected {want:.6g}, got {got!r}{why}")
-    return "linear warm-up to the base rate, then a cosine down to 0"
-
-
-def _lion_inputs(g: torch.Generator, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """p, grad, m where sign(m), sign(g) and sign(beta1 * m + (1 - beta1) * g) disagree on many coordinates."""
-    p0 = torch.randn(*shape, generator=g)
-    m0 = torch.randn(*shape, generator=g)
-    grad = -m0 * (1 + 200 * torch.rand(*shape, generator=g))  # opposite to m, 1 to 201 times larger
-    flip = torch.rand(*shape, generator=g) < 0.3  # and on some coordinates the same sign as m
-    grad = torch.where(flip, -grad, grad)
-    return p0, grad, m0
+    n = oc.check_warmup(warmup_cosine_lr)
+    return (f"linear warm-up to the base rate, then a cosine down to 0 ({n} steps of 12 schedules, warm-ups of 1 to "
+            "100 steps, both sides of the warm-up's end)")
 
 
 @register("optimizers", "lion", ("lion_update",), OPTIM_NB)
 def _check_lion(lion_update: Callable) -> str:
-    g = torch.Generator().manual_seed(0)
-    for wd, (lr, beta1, beta2), shape in ((0.0, (0.01, 0.9, 0.99), (5, 7)), (0.1, (0.003, 0.8, 0.95), (6, 4))):
-        p0, grad, m0 = _lion_inputs(g, shape)
-        inputs = [t.clone() for t in (p0, grad, m0)]
-        new_p, new_m = lion_update(*inputs, lr, beta1, beta2, wd)
-        expect(all(torch.equal(a, b) for a, b in zip(inputs, (p0, grad, m0))),
-               "do not modify p, g or m in place: return new tensors")
-        expect(isinstance(new_p, torch.Tensor) and new_p.shape == p0.shape, "return (new_p, new_m), two tensors shaped like p")
-        ref = nn.Parameter(p0.clone())
-        opt = Lion([ref], lr=lr, betas=(beta1, beta2), weight_decay=wd)
-        opt.state[ref]["exp_avg"] = m0.clone()
-        ref.grad = grad.clone()
-        opt.step()
-        if not torch.allclose(new_p, ref.detach(), atol=1e-7):
-            decayed = p0 * (1 - lr * wd)
-            step = (decayed - new_p) / lr  # what your update did, in units of lr
-            why = ""
-            if torch.allclose(step, torch.sign(m0), atol=1e-4):
-                why = ": you took sign(m), the old momentum; Lion steps along sign(beta1 * m + (1 - beta1) * g)"
-            elif torch.allclose(step, torch.sign(grad), atol=1e-4):
-                why = ": you took sign(g); Lion steps along sign(beta1 * m + (1 - beta1) * g)"
-            elif torch.allclose(step, torch.sign(beta2 * m0 + (1 - beta2) * grad), atol=1e-4):
-                why = ": the direction mixes m and g with beta2; it uses beta1 (beta2 is for the momentum update)"
-            elif torch.allclose(new_p, p0 - lr * torch.sign(beta1 * m0 + (1 - beta1) * grad), atol=1e-7):
-                why = f": the weight decay is missing (weight_decay={wd}): multiply p by (1 - lr * weight_decay)"
-            raise CheckFailed(f"weights differ from dlo.training.optim.Lion (lr={lr}, betas=({beta1}, {beta2}), "
-                              f"weight_decay={wd}){why or ': p * (1 - lr * wd) - lr * sign(beta1 * m + (1 - beta1) * g)'}")
-        if not torch.allclose(new_m, opt.state[ref]["exp_avg"], rtol=1e-5, atol=1e-6):  # lerp rounds otherwise
-            why = (" (you used beta1: the momentum uses beta2)"
-                   if torch.allclose(new_m, beta1 * m0 + (1 - beta1) * grad, atol=1e-7) else "")
-            raise CheckFailed(f"momentum differs: beta2 * m + (1 - beta2) * g{why}")
-    return "same weights and momentum as dlo.training.optim.Lion (two sets of hyper-parameters, with and without weight decay)"
+    n = oc.check_lion(lion_update)
+    return (f"same weights and momentum as dlo.training.optim.Lion on {n} cases (float32 and float64, 1 to 3 steps, "
+            "with and without weight decay, sign(0) = 0)")
 
 
-def _returned_loss_mistake(total: float, micro: list[tuple[int, float]], n: int) -> str:
-    """What a wrong returned loss is, from the micro-batches' (size, mean loss), in words."""
-    means = [m for _, m in micro]
-    for value, why in ((sum(means), "the sum of the micro-batches' mean losses"),
-                       (sum(means) / len(means), "the plain mean of the micro-batches' mean losses (they differ in "
-                                                 "size: weight each by its share of the batch)"),
-                       (means[-1], "the last micro-batch's loss only"),
-                       (means[-1] * micro[-1][0] / n, "the last micro-batch's weighted loss only")):
-        if abs(total - value) < 1e-5:
-            return f": that is {why}"
+_LOSS_MISTAKES = (("the sum of the micro-batches' mean losses", lambda means, sizes, n: sum(means)),
+                  ("the plain mean of the micro-batches' mean losses (they differ in size: weight each by its share "
+                   "of the batch)", lambda means, sizes, n: sum(means) / len(means)),
+                  ("the last micro-batch's loss only", lambda means, sizes, n: means[-1]),
+                  ("the last micro-batch's weighted loss only", lambda means, sizes, n: means[-1] * sizes[-1] / n))
+
+
+def _micro(case) -> tuple[list[list], list[float], list[int]]:
+    """Per micro-batch of images.chunk(k): the gradients of its mean loss, the mean loss and the size."""
+    model, criterion, x, y = oc.accumulate_setup(**case.kwargs)
+    grads, means = [], []
+    for a, b in zip(x.chunk(case.kwargs["k"]), y.chunk(case.kwargs["k"])):
+        model.zero_grad(set_to_none=True)
+        loss = criterion(model(a), b)
+        loss.backward()
+        grads.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        means.append(loss.item())
+    return grads, means, [len(a) for a in x.chunk(case.kwargs["k"])]
+
+
+def _grad_mistake(runs, cases) -> str:
+    """The known wrong weighting that the answer's gradients follow on every case, if any."""
+    def weighted(case, weight):
+        grads, _, sizes = _micro(case)
+        return [None if gs[0] is None else sum(weight(j, sizes) * g[i] for j, g in enumerate(grads))
+                for i, gs in enumerate(zip(*grads))]
+
+    k = lambda case: case.kwargs["k"]  # noqa: E731
+    for why, weight in (
+            ("each micro-batch's loss is not weighted: weight it by len(micro_batch) / len(images)",
+             lambda case: (lambda j, sizes: 1.0)),
+            ("each micro-batch's loss is divided by k: right only when all micro-batches have the same size; weight "
+             "it by len(micro_batch) / len(images)", lambda case: (lambda j, sizes: 1.0 / k(case))),
+            ("the gradients are the last micro-batch's only: the earlier ones were cleared; "
+             "accumulate them, each loss weighted by len(micro_batch) / len(images)",
+             lambda case: (lambda j, sizes: sizes[j] / sum(sizes) if j == len(sizes) - 1 else 0.0))):
+        if all(compare(run[0], weighted(case, weight(case)), "") is None for run, case in zip(runs, cases)):
+            return why
     return ""
-
-
-def _micro_batch_sizes(model: nn.Module) -> tuple[list[int], Callable[[], None]]:
-    sizes: list[int] = []
-    handle = model.register_forward_pre_hook(lambda _m, args: sizes.append(len(args[0])))
-    return sizes, handle.remove
 
 
 @register("optimizers", "accumulate", ("accumulated_backward",), OPTIM_NB)
 def _check_accumulate(accumulated_backward: Callable) -> str:
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    criterion = nn.CrossEntropyLoss()
-    criterion(model(x), y).backward()
-    big = [p.grad.clone() for p in model.parameters()]
-    for k in (3, 4):  # 4 does not divide 30: the micro-batches have different sizes
-        want_sizes = [len(c) for c in x.chunk(k)]
-        model.zero_grad(set_to_none=True)
-        sizes, remove = _micro_batch_sizes(model)
-        try:
-            total = accumulated_backward(model, criterion, x, y, k)
-        finally:
-            remove()
-        expect(all(p.grad is not None for p in model.parameters()), "call backward() on every micro-batch's loss")
-        expect(sorted(sizes) == sorted(want_sizes),
-               f"k={k}: the model ran on batches of {sizes} images, expected k={k} micro-batches of {want_sizes} "
-               f"(the {len(x)} images in k pieces): only one micro-batch's activations may be alive at a time")
-        for p, ref in zip(model.parameters(), big):
-            if not torch.allclose(p.grad, ref, atol=1e-6):
-                ratio = (p.grad.norm() / ref.norm()).item()
-                raise CheckFailed(f"k={k}: the summed gradients are {ratio:.2f} x the big batch's: weight each "
-                                  "micro-batch's loss by len(micro_batch) / len(images)")
-        with torch.no_grad():
-            full = criterion(model(x), y).item()
-            micro = [(len(a), criterion(model(a), b).item()) for a, b in zip(x.chunk(k), y.chunk(k))]
+    cases = oc.accumulate_cases()
+    runs = [oc.accumulate_run(accumulated_backward, case) for case in cases]
+    for case, (grads, total, sizes) in zip(cases, runs):
+        n, k = case.kwargs["n"], case.kwargs["k"]
+        pieces = [len(c) for c in torch.arange(n).chunk(k)]
+        expect(len(sizes) in (k, len(pieces)) and sum(sizes) == n and min(sizes, default=0) > 0,
+               f"with {case.label}: the model ran on batches of {sizes} samples, expected k={k} micro-batches "
+               f"covering the {n} samples once (images.chunk(k) gives {pieces}): only one micro-batch's activations "
+               "may be alive at a time")
+        want, want_loss = oc.accumulate_reference(case)
+        for i, (g, w) in enumerate(zip(grads, want)):
+            expect(w is None or g is not None, f"with {case.label}: parameter {i} got no gradient: call backward() on "
+                                               "every micro-batch's loss")
+            expect(w is not None or g is None, f"with {case.label}: parameter {i} (frozen, or unused by the forward) "
+                                               "got a gradient: leave .grad to backward()")
+        problem = compare(grads, want, "the gradients", scale=10)
+        if problem:
+            why = _grad_mistake(runs, cases)
+            raise CheckFailed(f"with {case.label}: {problem}: the accumulated gradients differ from the big batch's"
+                              + (f" -- {why}" if why else ""))
         expect(isinstance(total, float),
-               f"k={k}: return the whole batch's mean loss as a Python float, got {type(total).__name__}"
+               f"with {case.label}: return the whole batch's mean loss as a Python float, got {type(total).__name__}"
                + (" (a tensor keeps the graph alive: .item())" if isinstance(total, torch.Tensor) else ""))
-        expect(abs(total - full) < 1e-5, f"k={k}: the returned loss is {total:.4f}, the whole batch's mean loss is "
-                                         f"{full:.4f}{_returned_loss_mistake(total, micro, len(x))}")
-    return "k micro-batches give the big batch's gradient and mean loss (weighted by their size), no optimizer step"
+        problem = compare(total, want_loss, "the returned loss", scale=10)
+        if problem:
+            why = next((w for w, f in _LOSS_MISTAKES if all(
+                compare(r[1], f(*_micro(c)[1:], c.kwargs["n"]), "", scale=10) is None for r, c in zip(runs, cases))), "")
+            raise CheckFailed(f"with {case.label}: {problem}, the whole batch's mean loss"
+                              + (f" -- that is {why}" if why else ""))
+    return (f"k micro-batches give the big batch's gradient and mean loss on {len(cases)} cases (1 to 30 samples, k "
+            "from 1 to the batch size, float32 and float64, frozen and unused parameters), no optimizer step")
 
 
 # --------------------------------------------------------------------------------------------------

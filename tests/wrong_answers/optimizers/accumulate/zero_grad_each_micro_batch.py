@@ -1,7 +1,7 @@
 """Zeroes the gradients before each micro-batch: only the last one is left."""
 import torch
 
-EXPECT = 'len(micro_batch)'
+EXPECT = "last micro-batch's only"
 
 
 def accumulated_backward(model, criterion, images, labels, k):

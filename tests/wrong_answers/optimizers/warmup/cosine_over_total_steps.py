@@ -3,7 +3,7 @@ import math
 
 import torch
 
-EXPECT = 'step 10 of 100'
+EXPECT = "counted from step 0"
 
 
 def warmup_cosine_lr(step, total_steps, warmup_steps, base_lr):

@@ -3,7 +3,7 @@ import math
 
 import torch
 
-EXPECT = "step 11 of 100"
+EXPECT = "full cosine period"
 
 
 def warmup_cosine_lr(step, total_steps, warmup_steps, base_lr):
