@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from dlo.course import gpu_budget
 from dlo.course.gpu_benchmarks import BENCHMARKS, DRY_GPUS, DRY_SIZES, Benchmark, fsdp_plan
+from dlo.course.checks.framework import SKIP_ENV as SKIP_CHECKS_ENV
 from dlo.course.gpu_budget import QUICK_BUDGET_S, QUICK_ORDER
 from dlo.course.notebooks import missing_packages, source_notebooks
 from dlo.measure.records import environment_info
@@ -170,7 +171,8 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
     """Run one notebook's ``dry`` profile as ``python -m dlo run NB --engine plain --profile dry`` (the plain engine:
     what a GPU node without Jupyter runs) in its own Python and session, for at most ``timeout_s``; on the GPU when
     one is visible, unless ``dry`` (then ``CUDA_VISIBLE_DEVICES`` is emptied). ``env``: the environment to start
-    from (default this process's).
+    from (default this process's). The exercise checks are not run again (``DLO_SKIP_CHECKS=1``, see
+    :data:`dlo.course.checks.framework.SKIP_ENV`): they do not depend on the profile, and the smoke runs run them.
 
     Returns a row: ``notebook`` (path from the repository root), ``seconds``, ``verdict`` ("ok", "failed: <the
     error's one line>", "timed out after N s", or "skipped: <why>" for a notebook whose launches need more GPUs than
@@ -182,7 +184,7 @@ def rehearse_notebook(path: str | os.PathLike, out: Path, *, timeout_s: float = 
     missing = missing_packages(path)
     if missing:
         return {**row, "verdict": f"skipped: needs {', '.join(missing)} (not installed here)"}
-    extra = {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "DLO_RUNS_DIR": str(out.parent),
+    extra = {"PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg", "DLO_RUNS_DIR": str(out.parent), SKIP_CHECKS_ENV: "1",
              **({"CUDA_VISIBLE_DEVICES": ""} if dry else {})}
     full_env = env_with_dlo(None if env is None else dict(env), **extra)
     done = run_capped([sys.executable, "-m", "dlo", "run", str(path), "--engine", "plain", "--profile", "dry",
