@@ -1,73 +1,96 @@
 """Checkers of ``Jour4/inference.ipynb``: the distillation loss and the sparsity of a model."""
 from __future__ import annotations
 
+import random
 from typing import Callable
 
 import torch
 from torch import nn
 
+from dlo.course.checks.cases import Case, compare, first_failure, run_student, seeded
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.inference import distillation_loss as reference
 
 INFERENCE_NB = "Jour4/inference.ipynb"
 
 
-def _logits(seed: int, n: int = 16, k: int = 10) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _distillation_case(rng: random.Random) -> Case:
+    n, k = rng.choice([1, 3, 5, 16]), rng.choice([2, 3, 7, 10])
+    return _dcase(n, k, rng.choice([0.5, 1.0, 2.5, 4.0, 8.0]), rng.choice([0.0, 0.3, 0.5, 0.9, 1.0]),
+                  rng.choice([torch.float32, torch.float64]), rng.randint(0, 10 ** 6))
+
+
+def _dcase(n: int, k: int, T: float, alpha: float, dtype: torch.dtype, seed: int) -> Case:
     g = torch.Generator().manual_seed(seed)
-    return 3 * torch.randn(n, k, generator=g), 3 * torch.randn(n, k, generator=g), torch.randint(0, k, (n,), generator=g)
+    s, t = (3 * torch.randn(n, k, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    label = f"{str(dtype).replace('torch.', '')}, batch {n}, {k} classes, T={T}, alpha={alpha}"
+    return Case(label, dict(student_logits=s, teacher_logits=t, labels=torch.randint(0, k, (n,), generator=g), T=T,
+                            alpha=alpha), size=n * k)
+
+
+DISTILLATION_CASES = seeded(_distillation_case, 10, seed=11, fixed=[
+    _dcase(3, 7, 4.0, 0.5, torch.float32, 0), _dcase(16, 10, 1.0, 0.5, torch.float32, 1),
+    _dcase(5, 3, 2.5, 1.0, torch.float64, 2), _dcase(16, 10, 4.0, 0.0, torch.float32, 3),
+    _dcase(1, 2, 8.0, 0.9, torch.float64, 4)])
+
+
+def _distillation_mistakes(s, t, y, T, alpha) -> dict[str, torch.Tensor]:
+    import torch.nn.functional as F
+
+    def kl(a, b):
+        return F.kl_div(F.log_softmax(a, -1), F.log_softmax(b, -1), reduction="batchmean", log_target=True)
+
+    soft, hard = kl(s / T, t / T), F.cross_entropy(s, y)
+    return {
+        "the soft term is not multiplied by T² (Hinton et al.: it keeps the gradient scale independent of T)":
+            alpha * soft + (1 - alpha) * hard,
+        "the KL is averaged over the classes too (reduction='mean'): use reduction='batchmean', the mean over the "
+        "batch of the sum over the classes": alpha * soft * T * T / s.shape[1] + (1 - alpha) * hard,
+        "alpha weighs the wrong term: alpha multiplies the soft (teacher) term, 1 - alpha the cross-entropy":
+            (1 - alpha) * soft * T * T + alpha * hard,
+        "the KL is in the wrong direction: KL(teacher ‖ student) = Σ p_teacher · (log p_teacher − log p_student)":
+            alpha * T * T * kl(t / T, s / T) + (1 - alpha) * hard,
+        "the teacher's soft targets are taken without the temperature: the temperature T divides both the "
+        "teacher's and the student's logits (softmax(teacher / T))": alpha * T * T * kl(s / T, t) + (1 - alpha) * hard,
+        "the student's log-probabilities are taken without the temperature: the temperature T divides both the "
+        "teacher's and the student's logits (log_softmax(student / T))": alpha * T * T * kl(s, t / T) + (1 - alpha) * hard,
+    }
 
 
 @register("inference", "distillation", ("distillation_loss",), INFERENCE_NB)
 def _check_distillation(distillation_loss: Callable) -> str:
-    import torch.nn.functional as F
-
-
-    for seed, T, alpha in ((0, 1.0, 0.5), (1, 4.0, 0.5), (2, 2.0, 1.0), (3, 4.0, 0.0), (4, 8.0, 0.9)):
-        s, t, y = _logits(seed)
-        student = s.clone().requires_grad_(True)
-        teacher = t.clone().requires_grad_(True)  # as if it came out of a model that tracks gradients
-        got = distillation_loss(student, teacher, y, T, alpha)
+    student = lambda student_logits, teacher_logits, labels, T, alpha: distillation_loss(  # noqa: E731 - positional
+        student_logits, teacher_logits, labels, T, alpha)
+    for case in DISTILLATION_CASES:
+        kw = case.kwargs
+        inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        got = run_student(lambda **a: student(**a), Case(case.label, inputs))
         expect(isinstance(got, torch.Tensor) and got.dim() == 0,
-                f"return a scalar tensor (a loss to call .backward() on), got {type(got).__name__}"
-                f"{' of shape ' + str(tuple(got.shape)) if isinstance(got, torch.Tensor) else ''}")
-        expect(torch.equal(teacher.detach(), t) and torch.equal(student.detach(), s),
-                "the logits passed in were modified: compute on new tensors (no in-place operations on the inputs)")
-        want = reference(s, t, y, T, alpha)
-        if not torch.allclose(got.detach().float(), want, rtol=1e-4, atol=1e-5):
-            soft = F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), reduction="batchmean", log_target=True)
-            hard = F.cross_entropy(s, y)
-            hints = {
-                "the soft term is not multiplied by T² (Hinton et al.: it keeps the gradient scale independent of T)":
-                    alpha * soft + (1 - alpha) * hard,
-                "the KL is averaged over the classes too (reduction='mean'): use reduction='batchmean', the mean over "
-                "the batch of the sum over the classes": alpha * soft * T * T / s.shape[1] + (1 - alpha) * hard,
-                "alpha weighs the wrong term: alpha multiplies the soft (teacher) term, 1 - alpha the cross-entropy":
-                    (1 - alpha) * soft * T * T + alpha * hard,
-                "the KL is in the wrong direction: KL(teacher ‖ student) = Σ p_teacher · (log p_teacher − log p_student)":
-                    alpha * T * T * F.kl_div(F.log_softmax(t / T, -1), F.log_softmax(s / T, -1), reduction="batchmean",
-                                             log_target=True) + (1 - alpha) * hard,
-                "the teacher's soft targets are taken without the temperature: the temperature T divides both the "
-                "teacher's and the student's logits (softmax(teacher / T))":
-                    alpha * T * T * F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t, -1), reduction="batchmean",
-                                             log_target=True) + (1 - alpha) * hard,
-                "the student's log-probabilities are taken without the temperature: the temperature T divides both "
-                "the teacher's and the student's logits (log_softmax(student / T))":
-                    alpha * T * T * F.kl_div(F.log_softmax(s, -1), F.log_softmax(t / T, -1), reduction="batchmean",
-                                             log_target=True) + (1 - alpha) * hard,
-            }
-            hint = next((h for h, v in hints.items() if torch.allclose(got.detach().float(), v, rtol=1e-4, atol=1e-5)),
-                        "compare your formula with alpha · T² · KL(softmax(t/T) ‖ softmax(s/T)) + (1 − alpha) · CE(s, y)")
-            raise CheckFailed(f"T={T}, alpha={alpha}: expected {want.item():.5f}, got {got.item():.5f} -- {hint}")
-        expect(got.requires_grad, "the loss does not depend on the student's logits through autograd "
-                                   "(no .detach() / .item() / torch.no_grad() on the student side)")
-        got.backward()
-        expect(teacher.grad is None or teacher.grad.abs().max() == 0,
-                "a gradient flows into the teacher's logits: detach them (the teacher is not trained)")
-        s_ref = s.clone().requires_grad_(True)
-        reference(s_ref, t, y, T, alpha).backward()
-        expect(student.grad is not None and torch.allclose(student.grad, s_ref.grad, rtol=1e-4, atol=1e-6),
-                f"T={T}, alpha={alpha}: the loss has the right value but not the right gradient for the student")
-    return "alpha · T² · KL(teacher ‖ student) + (1 − alpha) · CE, teacher detached and untouched"
+               f"with {case.label}: return a scalar tensor (a loss to call .backward() on), got {type(got).__name__}"
+               f"{' of shape ' + str(tuple(got.shape)) if isinstance(got, torch.Tensor) else ''}")
+        expect(all(torch.equal(inputs[k], kw[k]) for k in ("student_logits", "teacher_logits")),
+               "the logits passed in were modified: compute on new tensors (no in-place operations on the inputs)")
+    failure = first_failure(DISTILLATION_CASES, student, reference, what="the loss", grads=True, scale=10)
+    if failure:
+        case, problem = failure
+        if "teacher_logits is there" in problem:
+            problem = "a gradient flows into the teacher's logits: detach them (the teacher is not trained)"
+        elif problem.startswith("the loss"):
+            problem += _named_distillation_mistake(student)
+        raise CheckFailed(f"with {case.label}: {problem}")
+    return (f"alpha · T² · KL(teacher ‖ student) + (1 − alpha) · CE, values and gradients on {len(DISTILLATION_CASES)} "
+            "cases (batches of 1 to 16, 2 to 10 classes, T from 0.5 to 8, float32 and float64); teacher detached")
+
+
+def _named_distillation_mistake(student: Callable) -> str:
+    """The known mistake whose formula the answer follows on every case, if any."""
+    with torch.no_grad():
+        got = [student(**c.kwargs) for c in DISTILLATION_CASES]
+        wrong = [_distillation_mistakes(*c.kwargs.values()) for c in DISTILLATION_CASES]
+    for why in wrong[0]:
+        if all(compare(g, w[why], "", scale=10) is None for g, w in zip(got, wrong)):
+            return f" -- {why}"
+    return " (alpha · T² · KL(softmax(t/T) ‖ softmax(s/T)) + (1 − alpha) · CE(s, y), the KL a mean over the batch)"
 
 
 def _sparsity_model(seed: int = 0) -> tuple[nn.Module, float]:
