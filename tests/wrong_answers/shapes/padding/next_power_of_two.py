@@ -1,7 +1,7 @@
 """Pads to the next power of two: a multiple of k, but far from the smallest one."""
 import math
 
-EXPECT = "not the smallest"
+EXPECT = "not a multiple of 3"
 
 
 def pad_to_multiple(n, k):
