@@ -1,9 +1,11 @@
 """Checkers of the Jour 4 notebooks: ``llm_memory`` (Jour4/llm_memory.ipynb)."""
 from __future__ import annotations
 
+import random
 from typing import Callable
 
-from dlo.course.checks.framework import expect, register
+from dlo.course.checks.cases import Case, seeded
+from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.models.config import LLAMA_3_2_3B, LLAMA_3_3_70B, TransformerConfig
 from dlo.measure.memory import count_parameters
 from dlo.measure.memory import per_gpu_memory
@@ -27,27 +29,44 @@ def _gqa_mistakes(h: int, nh: int, nkv: int, hd: int) -> dict[str, int]:
     }
 
 
+def _gqa_configs() -> list[TransformerConfig]:
+    """Llama 3's two sizes, then seeded configs: KV heads = 1, = num_heads and in between (a divisor), head_dim
+    equal to hidden / num_heads or not, all sizes distinct."""
+    def draw(rng: random.Random) -> Case:
+        nkv = rng.choice([1, 2, 3, 4])
+        nh = nkv * rng.choice([1, 2, 3, 5])
+        hd = rng.choice([8, 11, 16, 24])
+        hidden = rng.choice([nh * hd, nh * hd + rng.randint(1, 40)])
+        cfg = TransformerConfig(vocab_size=10, hidden_size=hidden, intermediate_size=128, num_layers=1, num_heads=nh,
+                                num_kv_heads=nkv, head_dim=hd, name="generated")
+        return Case("", {"cfg": cfg}, size=hidden)
+
+    fixed = [TransformerConfig(vocab_size=10, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8,
+                               num_kv_heads=8, name="MHA"),
+             TransformerConfig(vocab_size=10, hidden_size=105, intermediate_size=128, num_layers=1, num_heads=15,
+                               num_kv_heads=3, head_dim=11, name="odd GQA"),
+             TransformerConfig(vocab_size=10, hidden_size=96, intermediate_size=128, num_layers=1, num_heads=6,
+                               num_kv_heads=1, name="MQA")]
+    drawn = [c.kwargs["cfg"] for c in seeded(draw, 8, seed=5)]
+    return [LLAMA_3_2_3B, LLAMA_3_3_70B, *fixed, *drawn]
+
+
 @register("llm_memory", "gqa", ("attention_params",), LLM_NB)
 def _check_gqa(attention_params: Callable) -> str:
-
-    mha = TransformerConfig(vocab_size=10, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8,
-                            num_kv_heads=8, name="MHA")
-    # Odd sizes, and a head_dim that is not hidden / num_heads: formulas right only on round numbers differ here.
-    odd = TransformerConfig(vocab_size=10, hidden_size=105, intermediate_size=128, num_layers=1, num_heads=15,
-                            num_kv_heads=3, head_dim=11, name="odd GQA")
-    mqa = TransformerConfig(vocab_size=10, hidden_size=96, intermediate_size=128, num_layers=1, num_heads=6,
-                            num_kv_heads=1, name="MQA")
-    for cfg in (LLAMA_3_2_3B, LLAMA_3_3_70B, mha, odd, mqa):
-        head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_heads
-        got = attention_params(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, head_dim)
+    configs = _gqa_configs()
+    shape = lambda c: (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim or c.hidden_size // c.num_heads)  # noqa
+    got = [attention_params(*shape(cfg)) for cfg in configs]
+    for cfg, value in zip(configs, got):
         want = count_parameters(cfg)["attention_per_layer"]
-        why = ""
-        if got != want:
-            why = next((f" -- {m}" for m, v in _gqa_mistakes(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-                                                             head_dim).items() if got == v != want), "")
-        expect(got == want, f"{cfg.name or 'config'} (hidden {cfg.hidden_size}, {cfg.num_heads} heads, "
-                             f"{cfg.num_kv_heads} KV heads, head_dim {head_dim}): expected {want:,}, got {got!r}{why}")
-    return "q and o full width, k and v shrunk by grouped-query attention"
+        if value == want:
+            continue
+        mistakes = [_gqa_mistakes(*shape(c)) for c in configs]
+        why = next((f" -- {m}" for m in mistakes[0] if all(v == ms[m] for v, ms in zip(got, mistakes))), "")
+        h, nh, nkv, hd = shape(cfg)
+        raise CheckFailed(f"{cfg.name or 'config'} (hidden {h}, {nh} heads, {nkv} KV heads, head_dim {hd}): expected "
+                          f"{want:,} (q and o: hidden × num_heads · head_dim each, k and v: hidden × num_kv_heads · "
+                          f"head_dim each), got {value!r}{why}")
+    return f"q and o full width, k and v shrunk by grouped-query attention ({len(configs)} configs, 1 KV head to MHA)"
 
 
 def _zero_mistakes(n: int, g: int, strategy: str) -> list[tuple[str, float]]:
@@ -78,18 +97,27 @@ def _zero_mistakes(n: int, g: int, strategy: str) -> list[tuple[str, float]]:
 @register("llm_memory", "zero", ("model_state_bytes",), LLM_NB)
 def _check_zero(model_state_bytes: Callable) -> str:
 
-    for n in (3_212_749_824, 1_234_567):
-        for strategy in ("ddp", "zero1", "zero2", "zero3"):
-            for gpus in (1, 3, 4, 64):
-                got = model_state_bytes(n, gpus, strategy)
-                want = per_gpu_memory(n, gpus, strategy=strategy, optimizer="adamw",
-                                      precision="bf16_mixed")["model_states"]
-                ok = isinstance(got, (int, float)) and abs(got - want) <= 1e-6 * want + 16
-                why = ("per parameter: 2 bytes of bf16 weights, 2 of gradients, 12 of fp32 master weights and Adam "
-                       "moments = 16 bytes; zero1 shards the 12, zero2 the gradients too, zero3 everything")
-                if not ok and isinstance(got, (int, float)):
-                    why = next((m for m, v in _zero_mistakes(n, gpus, strategy)
-                                if abs(got - v) <= 1e-6 * v + 16 and abs(v - want) > 16), why)
-                expect(ok, f"{strategy} on {gpus} GPU(s), {n:,} parameters: expected {want / 1e9:.4g} GB per GPU, got "
-                           f"{got / 1e9 if isinstance(got, (int, float)) else got!r} GB -- {why}")
+    cases = [(n, gpus, strategy) for n in (1, 7, 1_234_567, 3_212_749_824) for strategy in ("ddp", "zero1", "zero2", "zero3")
+             for gpus in (1, 2, 3, 4, 7, 64, 1000)]
+    got = {case: model_state_bytes(*case) for case in cases}
+    close = lambda a, b: isinstance(a, (int, float)) and abs(a - b) <= 1e-9 * b + 5  # noqa: E731 - 5 ceilings
+    for n, gpus, strategy in cases:
+        value = got[n, gpus, strategy]
+        want = per_gpu_memory(n, gpus, strategy=strategy, optimizer="adamw", precision="bf16_mixed")["model_states"]
+        if close(value, want):
+            continue
+        same = [c for c in cases if c[2] == strategy]  # a mistake is named when its formula holds on all of them
+        why = next((m for i, (m, _) in enumerate(_zero_mistakes(n, gpus, strategy))
+                    if all(close(got[c], _zero_mistakes(*c)[i][1]) for c in same)),
+                   "per parameter: 2 bytes of bf16 weights, 2 of gradients, 12 of fp32 master weights and Adam "
+                   "moments = 16 bytes; zero1 shards the 12, zero2 the gradients too, zero3 everything")
+        raise CheckFailed(f"{strategy} on {gpus} GPU(s), {n:,} parameters: expected {want:,} bytes per GPU, got "
+                          f"{value!r} -- {why}")
+    for unknown in ("zero4", "fsdp2", "ZeRO-2"):
+        try:
+            got = model_state_bytes(1_000, 4, unknown)
+        except Exception:  # noqa: BLE001 - any error is a refusal
+            continue
+        raise CheckFailed(f"an unknown strategy {unknown!r} gave {got!r}: raise an error (ValueError) for a name "
+                          "other than ddp, zero1, zero2, zero3 instead of answering for another strategy")
     return "each ZeRO stage shards one more kind of model state; ZeRO-3 divides all 16 bytes/param"
