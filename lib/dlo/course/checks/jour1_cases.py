@@ -84,13 +84,14 @@ def _model_label(s: dict) -> str:
     return f"a {s['kind']} model of width {s['width']}" + (f" with {' and '.join(extras)}" if extras else "")
 
 
-def step_case(rng: random.Random, *, dtypes: tuple, criteria: tuple, scales: tuple = (None,)) -> Case:
+def step_case(rng: random.Random, *, dtypes: tuple, criteria: tuple, scales: tuple = (None,),
+              clips: tuple = (None,)) -> Case:
     """One drawn training-step case."""
     kind = rng.choice(["conv", "linear"])
     s = {"kind": kind, "width": rng.choice([2, 5, 8, 16]), "norm": rng.random() < 0.5, "dropout": rng.random() < 0.4,
          "seed": rng.randint(0, 10 ** 6), "n": rng.choice([1, 2, 3, 5, 8, 11]), "side": rng.choice([3, 5, 6]),
          "classes": rng.choice(CLASSES), "dtype": rng.choice(dtypes), "criterion": rng.choice(criteria),
-         "init_scale": rng.choice(scales), "momentum": rng.choice([0.0, 0.9])}
+         "init_scale": rng.choice(scales), "momentum": rng.choice([0.0, 0.9]), "clip": rng.choice(clips)}
     if kind == "linear" and s["norm"] and s["n"] == 1:
         s["n"] = 2  # BatchNorm1d cannot train on one sample
     return spec_case(s)
@@ -113,10 +114,10 @@ def fixed_step(**over: Any) -> Case:
     return spec_case(s)
 
 
-def step_cases(n: int, *, dtypes: tuple, criteria: tuple, scales: tuple = (None,), fixed: list[Case] = (),
-               seed: int = 0) -> list[Case]:
-    return seeded(lambda rng: step_case(rng, dtypes=dtypes, criteria=criteria, scales=scales), n, seed=seed,
-                  fixed=fixed)
+def step_cases(n: int, *, dtypes: tuple, criteria: tuple, scales: tuple = (None,), clips: tuple = (None,),
+               fixed: list[Case] = (), seed: int = 0) -> list[Case]:
+    return seeded(lambda rng: step_case(rng, dtypes=dtypes, criteria=criteria, scales=scales, clips=clips), n,
+                  seed=seed, fixed=fixed)
 
 
 class Run:
@@ -132,48 +133,57 @@ class Run:
         self.scaler = (torch.amp.GradScaler("cpu", init_scale=s["init_scale"], growth_interval=1)
                        if s.get("init_scale") else None)
 
-    def state(self, losses: list[Any]) -> dict[str, Any]:
-        """What the steps left behind, by name (compared between the student's run and the reference's)."""
-        out: dict[str, Any] = {"the loss returned": losses}
+    def state(self, k: int, loss: Any) -> dict[str, Any]:
+        """What step ``k`` (1, 2) left behind, by name (compared between the student's run and the reference's)."""
+        after = f"after step {k}"
+        out: dict[str, Any] = {f"the loss returned by step {k}": loss}
         for name, p in self.model.named_parameters():
-            out[f"the weight {name} after the steps"] = p.detach().clone()
-        for name, p in self.model.named_parameters():
+            out[f"the weight {name} {after}"] = p.detach().clone()
+        for name, p in self.model.named_parameters() if self.s["momentum"] else ():
             buf = self.opt.state.get(p, {}).get("momentum_buffer")
-            if self.s["momentum"]:
-                out[f"the optimizer's momentum buffer of {name}"] = None if buf is None else buf.clone()
+            out[f"the optimizer's momentum buffer of {name} {after}"] = None if buf is None else buf.clone()
         if self.scaler is not None:
-            out["the scaler's scale"] = float(self.scaler.get_scale())
-            out["the scaler's growth tracker"] = int(self.scaler.state_dict().get("_growth_tracker", 0))
-        out["the model's training mode"] = self.model.training
+            out[f"the scaler's scale {after}"] = float(self.scaler.get_scale())
+            out[f"the scaler's growth tracker {after}"] = int(self.scaler.state_dict().get("_growth_tracker", 0))
+        out[f"the model's training mode {after}"] = self.model.training
         return out
 
 
 def run_steps(fn: Callable, s: dict, call: Callable[[Callable, Run, tuple], Any], steps: int = 2) -> tuple[Run, dict]:
-    """``steps`` consecutive calls of ``fn`` on a fresh :class:`Run` of ``s`` (dropout seeded the same way)."""
+    """``steps`` consecutive calls of ``fn`` on a fresh :class:`Run` of ``s`` (dropout seeded the same way); the
+    state after each, in order."""
     run = Run(s)
-    losses = []
+    state: dict[str, Any] = {}
     for k in range(steps):
         torch.manual_seed(1000 + k)
         loss = call(fn, run, run.batches[k])
-        losses.append(loss.detach().clone() if isinstance(loss, torch.Tensor) else loss)
-    return run, run.state(losses)
+        state.update(run.state(k + 1, loss.detach().clone() if isinstance(loss, torch.Tensor) else loss))
+    return run, state
+
+
+def _tensor_difference(key: str, g: torch.Tensor, w: torch.Tensor, rel: float) -> str | None:
+    """Within ``rel`` of the expected tensor's largest value (float rounding of the same computation, summed in
+    another order); an inf or NaN where the reference has a finite value is a difference."""
+    size = max(float(w.abs().max()) if w.numel() else 0.0, 1e-6)
+    err = (g.double() - w.double()).abs().nan_to_num(float("inf"), float("inf"))
+    err = torch.where(torch.isfinite(w.double()) | (g.double() != w.double()), err, torch.zeros_like(err))
+    if float(err.max()) <= rel * size:
+        return None
+    at = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    return (f"{key} differs by {float(err[at]):.3g} at {list(at)} (got {float(g[at]):.4g}, expected "
+            f"{float(w[at]):.4g})")
 
 
 def first_difference(got: dict, want: dict, rel: float = 1e-4) -> str | None:
-    """The first entry where ``got`` differs from ``want`` (weights within ``rel`` of their own size)."""
+    """The first entry, in the order the steps left them, where ``got`` differs from ``want``."""
     for key, w in want.items():
         g = got.get(key)
-        if isinstance(w, list) and all(isinstance(v, torch.Tensor) for v in w):  # the losses
-            if not all(isinstance(v, torch.Tensor) for v in g):
-                return f"{key} is {type(g[0]).__name__}, expected a tensor"
-            problem = compare(list(g), w, key, dtype=torch.float32, scale=10)
-        elif isinstance(w, torch.Tensor) and isinstance(g, torch.Tensor) and g.shape == w.shape:
-            size = max(float(w.abs().max()), 1e-6)
-            err = float((g.double() - w.double()).abs().nan_to_num(float("inf")).max())
-            bad = not torch.isfinite(g).all() and torch.isfinite(w).all() or err > rel * size
-            problem = (f"{key} differs by {err:.3g} (largest value {size:.3g})" if bad else None)
+        same_kind = isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and g.shape == w.shape \
+            and g.dtype == w.dtype and w.is_floating_point()
+        if same_kind and "loss" not in key:
+            problem = _tensor_difference(key, g, w, rel)
         else:
-            problem = compare(g, w, key, dtype=torch.float32)
+            problem = compare(g, w, key, dtype=torch.float32, scale=10)
         if problem:
             return problem
     return None

@@ -44,31 +44,56 @@ def check_amp(train_step_amp: Callable) -> str:
         expect(params_changed(model, before), "do the backward pass and the optimizer step (parameters did not change)")
         expect(all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters()),
                "gradients of fp32 parameters must stay fp32: only the forward runs under autocast")
-    return "forward under autocast in the dtype asked for (bf16 and fp16 tried), fp32 loss and gradients, parameters updated"
+    n = generated_amp(train_step_amp)
+    return (f"forward under autocast in the dtype asked for, fp32 loss and gradients: the same losses, weights and "
+            f"optimizer state as the reference on {n} generated cases (bf16 and fp16, batches of 1 to 11)")
+
+
+class _CallSpyScaler(torch.amp.GradScaler):
+    """A GradScaler that records the names of its calls, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    def scale(self, outputs):  # type: ignore[override]
+        self.calls.append("scale")
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer):  # type: ignore[override]
+        self.calls.append("unscale_")
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
+        self.calls.append("step")
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):  # type: ignore[override]
+        self.calls.append("update")
+        return super().update(new_scale)
+
+
+def _fp16_calls(calls: list[str]) -> None:
+    """The scaler's calls in a right order, or what is wrong with them (a certain signature)."""
+    expect(bool(calls), "the scaler passed in was never called (no scale, step or update on it): use the given "
+                        "scaler, whose scale carries over from one step to the next")
+    expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow to zero; "
+                                   "the backward must go through the scaler's scaled loss")
+    expect("step" in calls, "the optimizer stepped without the scaler's step: "
+           + ("" if "unscale_" in calls else "the gradients were never divided back by the scale, and ")
+           + "a step whose gradients overflowed would not be skipped")
+    expect("update" in calls and calls.index("step") < calls.index("update"),
+           "the scaler's update must come after its step, in that order (it adapts the scale to what the step found)")
 
 
 def check_fp16(train_step_fp16: Callable) -> str:
-    calls: list[str] = []
-
-    class SpyScaler(torch.amp.GradScaler):
-        def scale(self, outputs):  # type: ignore[override]
-            calls.append("scale")
-            return super().scale(outputs)
-
-        def step(self, optimizer, *args, **kwargs):  # type: ignore[override]
-            calls.append("step")
-            return super().step(optimizer, *args, **kwargs)
-
-        def update(self, new_scale=None):  # type: ignore[override]
-            calls.append("update")
-            return super().update(new_scale)
-
     torch.manual_seed(0)
     model = Recorder()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = snapshot(model)
     x, y = small_batch()
-    scaler = SpyScaler("cpu", init_scale=2.0**8)
+    scale = 2.0**8
+    scaler = _CallSpyScaler("cpu", init_scale=scale)
     try:
         loss = train_step_fp16(model, x, y, opt, nn.CrossEntropyLoss(), scaler)
     except AssertionError as exc:  # GradScaler's own checks (CheckFailed is raised by us, not by the scaler)
@@ -79,12 +104,7 @@ def check_fp16(train_step_fp16: Callable) -> str:
                           "order") from None
     expect(bool(model.seen) and model.seen[-1]["autocast"] and model.seen[-1]["dtype"] == torch.float16,
             "the forward pass did not run under autocast with float16 (fp16)")
-    expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow to zero; "
-                                   "the backward must go through the scaler's scaled loss")
-    expect("step" in calls, "the optimizer stepped without the scaler's step: the gradients were never divided back "
-                            "by the scale, and an overflowed step would not be skipped")
-    expect("update" in calls and calls.index("step") < calls.index("update"),
-           "the scaler's update must come after its step, in that order (it adapts the scale to what the step found)")
+    _fp16_calls(scaler.calls)
     expect(isinstance(loss, torch.Tensor), "return the (unscaled) loss tensor")
     expect(params_changed(model, before), "the optimizer step did not change the parameters")
     # The update itself: scaler.step divides the gradients by the scale, so they must have been computed
@@ -100,11 +120,12 @@ def check_fp16(train_step_fp16: Callable) -> str:
     got = torch.cat([(p.detach() - before[n]).flatten() for n, p in model.named_parameters()])
     want = torch.cat([(p.detach() - before[n]).flatten() for n, p in ref.named_parameters()])
     ratio = (got.norm() / want.norm()).item()
-    expect(abs(ratio - 1) < 0.05,
-           f"the update is {ratio:.3g} x the expected one "
-           + ("(about 1/scale: the backward ran on the unscaled loss; call backward on scaler.scale(loss), "
-              "which scaler.step then unscales)" if ratio < 0.1 else "(the gradients were scaled or unscaled twice)"))
-    return "fp16 autocast, backward on the scaled loss, scaler.step then scaler.update: the update has the right size"
+    expect(abs(ratio * scale - 1) >= 0.05,
+           f"the update is {ratio:.3g} x the expected one, 1/scale: the backward ran on the unscaled loss; call "
+           "backward on scaler.scale(loss), which scaler.step then unscales")
+    n = generated_fp16(train_step_fp16)
+    return (f"fp16 autocast, backward on the scaled loss, scaler.step then scaler.update: the same losses, weights, "
+            f"optimizer and scaler state as the reference on {n} generated cases (scales that overflow and not)")
 
 
 def _grad_norm(params) -> float:
@@ -125,6 +146,7 @@ class _ClipSpyScaler(torch.amp.GradScaler):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, float]] = []
         self.unscaled, self.max_abs = False, 0.0  # unscale_ called in this step; largest |gradient| at the step
+        self.max_tensor = 0.0  # the largest norm of one parameter's gradient at the step
 
     @staticmethod
     def _norm(optimizer) -> float:
@@ -144,6 +166,7 @@ class _ClipSpyScaler(torch.amp.GradScaler):
         divide = 1.0 if self.unscaled else float(self.get_scale())
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
         self.max_abs = max((g.detach().abs().max().item() for g in grads), default=0.0) / divide
+        self.max_tensor = max((g.detach().float().norm().item() for g in grads), default=0.0) / divide
         self.calls.append(("step", self._norm(optimizer) / divide))
         return super().step(optimizer, *args, **kwargs)
 
@@ -182,13 +205,16 @@ def _run_fp16_clip(train_step_fp16_clip: Callable, max_norm: float, images: torc
         [n for c, n in scaler.calls if c == "unscale_"]
     return {"model": model, "calls": names, "unscale_norms": explicit, "before": before,
             "norm": at_step[0] if at_step else _grad_norm(model.parameters()), "scale_after": scaler.get_scale(),
-            "max_abs": scaler.max_abs,
+            "max_abs": scaler.max_abs, "max_tensor": scaler.max_tensor,
             "changed": params_changed(model, before)}
 
 
 def _explain_clip_norm(a: dict, na: float, nb: float, ma: float, mb: float, true_norm: float) -> None:
     """The gradient norm the optimizer saw is not max_norm: name the mistake (always raises)."""
     scale = _CLIP_SCALE
+    expect(not (_close(a["max_tensor"], ma, 0.001) and na > ma * 1.05),
+           f"the gradient of each parameter was clipped apart to max_norm={ma:.3g}: their total norm is still "
+           f"{na:.3g}; the norm of all gradients together must be scaled down")
     expect(not (a["max_abs"] <= ma * 1.001 and na > ma * 1.05),
            f"each gradient value was clipped apart to [-max_norm, max_norm]: their total norm is still {na:.3g}, "
            f"above max_norm={ma:.3g}; the norm of all gradients together must be scaled down")
@@ -230,6 +256,8 @@ def check_fp16_clip(train_step_fp16_clip: Callable) -> str:
     expect(bool(seen) and seen[-1]["autocast"] and seen[-1]["dtype"] == torch.float16,
            "the forward pass did not run under autocast with float16 (fp16)")
     calls = a["calls"]
+    expect(bool(calls), "the scaler passed in was never called (no scale, unscale_, step or update on it): use the "
+                        "given scaler, whose scale carries over from one step to the next")
     expect(calls[:1] == ["scale"], "the backward ran on the unscaled loss: small fp16 gradients underflow; go "
                                    "through the scaler's scale first")
     expect("step" in calls,
@@ -259,7 +287,108 @@ def check_fp16_clip(train_step_fp16_clip: Callable) -> str:
     expect(c["scale_after"] < _CLIP_SCALE,
            f"after an overflow the scale must be lowered (it stayed {c['scale_after']:.0f}): the scaler's update must "
            f"run after its step")
+    n = generated_fp16_clip(train_step_fp16_clip)
     return (f"unscale_ before clipping: the gradients are clipped to max_norm in true units (norm {na:.3g} asked "
-            f"{ma:.3g}), the update uses them, and an overflowing step is skipped with the scale lowered")
+            f"{ma:.3g}), the update uses them, an overflowing step is skipped with the scale lowered; the same "
+            f"losses, weights, optimizer and scaler state as the reference on {n} generated cases")
 
 
+
+
+# --------------------------------------------------------------------------------------------------
+# The references and the generated cases
+# --------------------------------------------------------------------------------------------------
+
+def reference_amp(model, images, labels, optimizer, criterion, dtype=torch.bfloat16):
+    with torch.autocast(device_type=images.device.type, dtype=dtype):
+        loss = criterion(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def reference_fp16(model, images, labels, optimizer, criterion, scaler, max_norm=None):
+    with torch.autocast(device_type=images.device.type, dtype=torch.float16):
+        loss = criterion(model(images), labels)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if max_norm is not None:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss.detach()
+
+
+def reference_fp16_clip(model, images, labels, optimizer, criterion, scaler, max_norm):
+    return reference_fp16(model, images, labels, optimizer, criterion, scaler, max_norm)
+
+
+BF16, FP16 = torch.bfloat16, torch.float16
+#: float16's largest value is 65504: 2**24 times a loss gradient overflows it, 2**4 .. 2**12 do not
+NO_OVERFLOW, OVERFLOW = (2.0**4, 2.0**8, 2.0**12), (2.0**24,)
+AMP_CASES = step_cases(10, dtypes=(BF16, FP16), criteria=("ce", "smooth"), seed=1, fixed=[
+    fixed_step(n=1, dtype=FP16), fixed_step(kind="linear", width=5, norm=False, dropout=True, n=3, criterion="smooth")])
+FP16_CASES = step_cases(10, dtypes=(FP16,), criteria=("ce", "smooth"), scales=NO_OVERFLOW + OVERFLOW, seed=2, fixed=[
+    fixed_step(n=1, dtype=FP16, init_scale=2.0**8), fixed_step(n=3, dtype=FP16, init_scale=2.0**24),
+    fixed_step(kind="linear", width=5, norm=False, dropout=True, n=5, dtype=FP16, criterion="smooth",
+               init_scale=2.0**4)])
+
+
+#: clipping thresholds, as multiples of the first step's gradient norm: below it (clipped) and above it (left alone)
+CLIP_CASES = step_cases(8, dtypes=(FP16,), criteria=("ce x20", "smooth"), scales=NO_OVERFLOW,
+                        clips=(0.25, 0.5, 0.9, 2.0, 4.0), seed=3, fixed=[
+    fixed_step(n=1, dtype=FP16, criterion="ce x20", init_scale=2.0**8, clip=0.25),
+    fixed_step(n=3, dtype=FP16, criterion="ce x20", init_scale=2.0**8, clip=3.0),
+    fixed_step(n=5, dtype=FP16, criterion="ce x20", init_scale=2.0**24, clip=0.5)])
+
+
+def _amp_call(fn: Callable, run: Run, b: tuple) -> Any:
+    return fn(run.model, b[0], b[1], run.opt, run.criterion, run.s["dtype"])
+
+
+def _fp16_call(fn: Callable, run: Run, b: tuple) -> Any:
+    return fn(run.model, b[0], b[1], run.opt, run.criterion, run.scaler)
+
+
+def _true_norm(run: Run, b: tuple) -> float:
+    """The gradient norm of the first step, unscaled, on a copy of the run's model (the same dropout draw)."""
+    model = copy.deepcopy(run.model)
+    torch.manual_seed(1000)
+    with torch.autocast(device_type="cpu", dtype=torch.float16):
+        loss = run.criterion(model(b[0]), b[1])
+    loss.backward()
+    torch.manual_seed(1000)
+    return _grad_norm(model.parameters())
+
+
+def _clip_call(fn: Callable, run: Run, b: tuple) -> Any:
+    if not hasattr(run, "max_norm"):
+        run.max_norm = run.s["clip"] * _true_norm(run, b)
+    return fn(run.model, b[0], b[1], run.opt, run.criterion, run.scaler, run.max_norm)
+
+
+def _forward_dtype(dtype: torch.dtype) -> Callable:
+    """An inspection: every forward of the student's run ran under autocast in ``dtype`` (a certain signature)."""
+    def inspect(case, run: Run) -> None:
+        for seen in run.seen:
+            expect(seen["autocast"] and seen["dtype"] == dtype,
+                   f"with {case.label}: the forward ran "
+                   + (f"under autocast in {seen['dtype']}" if seen["autocast"] else "without autocast")
+                   + f", expected autocast in {dtype}")
+    return inspect
+
+
+def generated_amp(train_step_amp: Callable) -> int:
+    def inspect(case, run: Run) -> None:
+        _forward_dtype(case.kwargs["spec"]["dtype"])(case, run)
+    return expect_same_steps(AMP_CASES, train_step_amp, reference_amp, _amp_call, inspect)
+
+
+def generated_fp16(train_step_fp16: Callable) -> int:
+    return expect_same_steps(FP16_CASES, train_step_fp16, reference_fp16, _fp16_call, _forward_dtype(FP16))
+
+
+def generated_fp16_clip(train_step_fp16_clip: Callable) -> int:
+    return expect_same_steps(CLIP_CASES, train_step_fp16_clip, reference_fp16_clip, _clip_call, _forward_dtype(FP16))
