@@ -7,11 +7,13 @@ Dynamo captures the graphs and nothing is compiled to machine code.
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
+from dlo.course.checks.cases import Case, first_failure, seeded
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.jit import captured_warnings
 
@@ -58,6 +60,7 @@ def _check_graph_break(clip_by_norm: Callable) -> str:
                    f"on {what}: wrong values -- that divides by the squared norm (sum of squares): the norm is its "
                    "square root")
         _close(out, _clip_reference(x_before, max_norm), f"on {what}")
+    _compare_generated(clip_by_norm)
     for what, x, max_norm in cases[:2]:
         with captured_warnings():  # Dynamo logs a warning per graph break: the message below says it
             explained = torch._dynamo.explain(clip_by_norm)(x.clone(), max_norm)
@@ -66,7 +69,35 @@ def _check_graph_break(clip_by_norm: Callable) -> str:
                 f"on {what}, torch._dynamo.explain still finds {max(explained.graph_break_count, len(reasons))} "
                 f"graph break(s): {'; '.join(reasons) or 'see explain()'} -- no .item(), print or Python `if` on tensor values")
         expect(explained.graph_count == 1, f"expected the whole function in one graph, explain found {explained.graph_count}")
-    return "same values as the reference on both sides of max_norm, and explain() finds one graph, 0 breaks"
+    return "same values and gradients as the reference on both sides of max_norm (12 seeded shapes and dtypes), and explain() finds one graph, 0 breaks"
+
+
+def _clip_case(rng: random.Random) -> Case:
+    shape = rng.choice([(), (1,), (7,), (3, 5), (2, 3, 4)])
+    dtype = rng.choice([torch.float32, torch.float64, torch.bfloat16])
+    max_norm, factor = rng.choice([0.5, 1.0, 5.0]), rng.choice([0.3, 0.9, 1.1, 4.0])
+    g = torch.Generator().manual_seed(rng.randint(0, 10 ** 6))
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x = (x * factor * max_norm / torch.linalg.vector_norm(x)).to(dtype)  # the norm a factor above or below max_norm
+    label = f"{str(dtype).replace('torch.', '')}, shape {tuple(shape)}, norm {factor} x max_norm={max_norm}"
+    return Case(label, {"x": x, "max_norm": max_norm}, size=x.numel())
+
+
+def _clip_clamped(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+    return x * torch.clamp(max_norm / torch.linalg.vector_norm(x), max=1.0)
+
+
+def _compare_generated(clip_by_norm: Callable) -> None:
+    """Values and gradients against the reference on seeded shapes (scalar to 3-d), dtypes (float32, float64,
+    bfloat16) and norms on both sides of max_norm. The tolerance is float32's (or bfloat16's): an epsilon added to
+    the norm, as torch.nn.utils.clip_grad_norm_ does, is a right answer."""
+    cases = seeded(_clip_case, 12, seed=2)
+    failure = first_failure(cases, lambda x, max_norm: clip_by_norm(x, max_norm), _clip_clamped, what="the result",
+                            grads=True, dtype_of=lambda c: c.kwargs["x"].dtype if c.kwargs["x"].dtype == torch.bfloat16
+                            else torch.float32, scale=10)
+    if failure:
+        case, problem = failure
+        raise CheckFailed(f"with {case.label}: {problem}")
 
 
 def _tiny_run() -> tuple[nn.Module, torch.optim.Optimizer]:
