@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dlo.course.checks import jour1_precision
+from dlo.course.checks import jour1_models, jour1_precision
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.course.checks.jour1_cases import Recorder as _Recorder, small_batch as _batch
 from dlo.course.checks.jour1_probes import backend_config, compiled_call, explain_not_channels_last
@@ -202,28 +202,6 @@ def _check_profiler(profile_steps: Callable) -> str:
 
 @register("jour1", "evaluate", ("evaluate_fast",), J1)
 def _check_evaluate(evaluate_fast: Callable) -> str:
-    torch.manual_seed(0)
-    model = _Recorder()
-    data = [_batch(n, seed) for seed, n in enumerate((8, 5, 3))]  # batches of different sizes
-    acc = evaluate_fast(model, data)
-    expect(bool(model.seen), "run the model on every batch")
-    seen = model.seen[-1]
-    expect(seen["inference"] or not seen["grad"],
-           "the forward passes built an autograd graph: evaluation needs no gradients (inference_mode or no_grad)")
-    expect(not seen["training"], "the model was still in training mode: BatchNorm normalised with each batch's "
-                                 "statistics (and updated its running ones) instead of model.eval()'s behaviour")
-    model.eval()
-    with torch.no_grad():
-        expected = sum((model(x).argmax(1) == y).sum().item() for x, y in data) / sum(len(y) for _, y in data)
-    per_batch = sum((model(x).argmax(1) == y).float().mean().item() for x, y in data) / len(data)
-    correct = expected * sum(len(y) for _, y in data)
-    expect(not (isinstance(acc, float) and abs(acc - correct / (len(data) * len(data[0][1]))) < 1e-9),
-           f"you divided by the number of batches times the first batch's size: the last batches are smaller; "
-           f"divide the correct predictions by the number of images ({expected:.3f})")
-    expect(not (isinstance(acc, float) and abs(acc - per_batch) < 1e-9 and abs(per_batch - expected) > 1e-9),
-           f"you averaged the batches' accuracies ({per_batch:.3f}): with batches of different sizes count the "
-           f"correct predictions and divide by the number of images ({expected:.3f})")
-    expect(isinstance(acc, float) and abs(acc - expected) < 1e-9, f"return the accuracy as a float ({expected:.3f} here), got {acc!r}")
-    return "eval mode, no autograd graph, accuracy correct"
+    return jour1_models.check_evaluate(evaluate_fast)
 
 import dlo.course.checks.jour1_timer  # noqa: E402,F401  (the step timer's checker, registered after the steps above)
