@@ -73,22 +73,7 @@ def _check_fp16_clip(train_step_fp16_clip: Callable) -> str:
 
 @register("jour1", "channels_last", ("to_channels_last",), J1)
 def _check_channels_last(to_channels_last: Callable) -> str:
-    model = _Recorder()
-    x, _ = _batch()
-    out = to_channels_last(model, x)
-    expect(isinstance(out, tuple) and len(out) == 2, "return the pair (model, images)")
-    m, x2 = out
-    cl = torch.channels_last
-    expect(m.conv.weight.is_contiguous(memory_format=cl),
-           "the model's weights are still NCHW in memory: the returned model was not converted to channels_last")
-    expect(isinstance(x2, torch.Tensor) and x2.shape == x.shape,
-           f"the images must keep their shape {tuple(x.shape)} (N, C, H, W), got "
-           f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "
-           "layout in memory, not the order of the axes (no permute)")
-    if not (x2.is_contiguous(memory_format=cl) and not x2.is_contiguous()):
-        explain_not_channels_last(x, x2)
-    expect(torch.equal(x2, x), "the values must not change, only the layout")
-    return "model weights and images are NHWC (channels_last) in memory"
+    return jour1_models.check_channels_last(to_channels_last)
 
 
 @register("jour1", "cudnn", ("enable_cudnn_benchmark",), J1)

@@ -150,3 +150,107 @@ def check_evaluate(evaluate_fast: Callable) -> str:
         expect(False, f"with {case.label}: the accuracy is {value:.4g}, expected {want:.4g}")
     return (f"eval mode, no autograd graph, weights and statistics untouched, the accuracy of the reference on "
             f"{len(runs)} generated cases (batches of 1 to 8, of equal and different sizes)")
+
+
+# --------------------------------------------------------------------------------------------------
+# channels_last
+# --------------------------------------------------------------------------------------------------
+
+CL = torch.channels_last
+
+
+def reference_channels_last(model: nn.Module, images: torch.Tensor) -> tuple[nn.Module, torch.Tensor]:
+    return model.to(memory_format=CL), images.contiguous(memory_format=CL)
+
+
+def _cl_case(s: dict) -> Case:
+    n, c, h, w = s["shape"]
+    model = {"identity": "nn.Identity()", "linear": "a linear model"}.get(s["model"], f"a conv model of width "
+                                                                                      f"{s['width']}")
+    label = (f"{model}{' with BatchNorm' if s['norm'] and s['model'] != 'identity' else ''} in {'train' if s['train'] else 'eval'} mode, "
+             f"{str(s['dtype']).replace('torch.', '')} images of shape {tuple(s['shape'])}"
+             + (" already channels_last" if s["given_cl"] else ""))
+    return Case(label, {"spec": s}, size=n * c * h * w + (0 if s["model"] == "identity" else 100))
+
+
+def _cl_draw(rng: random.Random) -> Case:
+    kind = rng.choice(["identity", "conv", "conv", "linear"])
+    side = 5 if kind == "linear" else rng.choice([1, 3, 4, 7])
+    shape = (rng.choice([1, 2, 3, 5]), 3 if kind != "identity" else rng.choice([1, 2, 3, 4]), side,
+             side if kind == "linear" else rng.choice([side, 2, 5]))
+    return _cl_case({"model": kind, "width": rng.choice([2, 5, 8]), "norm": rng.random() < 0.5,
+                     "seed": rng.randint(0, 10 ** 6), "shape": shape, "dtype": rng.choice(
+                         [torch.float32, torch.float32, torch.bfloat16, torch.float16]),
+                     "train": rng.random() < 0.7, "given_cl": rng.random() < 0.15})
+
+
+def _cl_fixed(**over: Any) -> Case:
+    s = {"model": "conv", "width": 4, "norm": True, "seed": 0, "shape": (8, 3, 8, 8), "dtype": torch.float32,
+         "train": True, "given_cl": False}
+    s.update(over)
+    return _cl_case(s)
+
+
+CL_CASES = seeded(_cl_draw, 10, seed=5, fixed=[
+    _cl_fixed(), _cl_fixed(model="identity", shape=(1, 1, 4, 4)), _cl_fixed(model="identity", shape=(2, 3, 1, 1)),
+    _cl_fixed(shape=(1, 3, 5, 3), train=False, norm=False), _cl_fixed(model="linear", shape=(3, 3, 5, 5))])
+
+
+def _cl_inputs(s: dict) -> tuple[nn.Module, torch.Tensor]:
+    n, c, h, w = s["shape"]
+    if s["model"] == "identity":
+        model: nn.Module = nn.Identity()
+    else:
+        model = make_model(s["model"], s["width"], s["norm"], False, s["seed"], side=h)
+    model.train(s["train"])
+    g = torch.Generator().manual_seed(s["seed"])
+    images = torch.randn(n, c, h, w, generator=g).to(s["dtype"])
+    return model, (images.contiguous(memory_format=CL) if s["given_cl"] else images)
+
+
+def _cl_images(case: Case, x: torch.Tensor, kept: torch.Tensor, x2: Any) -> None:
+    """The images returned: the given shape, dtype and values, laid out channels_last (else what they are)."""
+    expect(isinstance(x2, torch.Tensor) and x2.shape == x.shape,
+           f"with {case.label}: the images must keep their shape {tuple(x.shape)} (N, C, H, W), got "
+           f"{tuple(x2.shape) if isinstance(x2, torch.Tensor) else type(x2).__name__}: channels_last changes the "
+           "layout in memory, not the order of the axes (no permute)")
+    expect(x2.dtype == x.dtype, f"with {case.label}: the images are {x2.dtype}, they were given as {x.dtype}: only "
+                                "the layout may change")
+    if not x2.is_contiguous(memory_format=CL):
+        try:
+            explain_not_channels_last(x, x2)
+        except Exception as exc:  # CheckFailed, said with the case
+            raise type(exc)(f"with {case.label}: {exc}") from None
+    expect(torch.equal(x2, kept), f"with {case.label}: the values must not change, only the layout (got "
+                                  f"{x2.flatten()[:4].tolist()} ..., expected {kept.flatten()[:4].tolist()} ...)")
+
+
+def _cl_model(case: Case, model: nn.Module, m: Any, before: dict, mode: bool) -> None:
+    expect(isinstance(m, nn.Module), f"with {case.label}: return the pair (model, images); the first item is a "
+                                     f"{type(m).__name__}")
+    expect(m is model, f"with {case.label}: the model returned is another module than the one given: convert the "
+                       "given model and return it (the optimizer is built on its parameters)")
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        expect(t.dim() != 4 or t.is_contiguous(memory_format=CL),
+               f"with {case.label}: the model's {name} is still NCHW in memory (strides {t.stride()}): the returned "
+               f"model was not converted to channels_last")
+    expect(model.training == mode, f"with {case.label}: the model was given in {'train' if mode else 'eval'} mode "
+                                   f"and returned in {'train' if model.training else 'eval'} mode: only the layout "
+                                   "may change")
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    expect(not changed, f"with {case.label}: the model's {changed[0] if changed else ''} changed value: only the "
+                        "layout may change")
+
+
+def check_channels_last(to_channels_last: Callable) -> str:
+    for case in CL_CASES:
+        s = case.kwargs["spec"]
+        model, x = _cl_inputs(s)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        kept = x.clone(memory_format=torch.preserve_format)
+        out = run_student(lambda spec: to_channels_last(model, x), case)
+        expect(isinstance(out, tuple) and len(out) == 2, "return the pair (model, images)")
+        _cl_model(case, model, out[0], before, s["train"])
+        _cl_images(case, x, kept, out[1])
+    return (f"model weights and images are NHWC (channels_last) in memory, values, shapes and mode unchanged, on "
+            f"{len(CL_CASES)} generated cases (batches of 1 to 8, 1 to 4 channels, images of 1x1 to 8x8)")
