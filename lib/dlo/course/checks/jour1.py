@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from dlo.course.checks import jour1_models, jour1_precision
+from dlo.course.checks import jour1_models, jour1_precision, jour1_tools
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.course.checks.jour1_cases import Recorder as _Recorder, small_batch as _batch
 from dlo.course.checks.jour1_probes import backend_config, compiled_call, explain_not_channels_last
@@ -119,70 +119,12 @@ def _check_compile(compile_model: Callable) -> str:
 
 @register("jour1", "batch_sweep", ("largest_batch",), J1)
 def _check_batch_sweep(largest_batch: Callable) -> str:
-    tried: list[int] = []
-
-    def try_batch(bs: int) -> dict[str, Any]:
-        tried.append(bs)
-        if bs > 64:
-            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated for batch {bs})")
-        return {"batch_size": bs, "throughput": {16: 100.0, 32: 180.0, 64: 150.0}.get(bs, 1.0)}  # peaks at 32
-
-    best, results = largest_batch(try_batch, [16, 32, 64, 128, 256])
-    expect(not tried or tried[0] == 16,
-           f"try the batch sizes in the order given, from the smallest (you tried {tried}): the sweep stops at the "
-           "first one that does not fit")
-    expect(best != 32, "you reported the batch with the best throughput (32), not the largest batch that fits (64): "
-                       "throughput can drop before memory runs out")
-    expect(best == 64, f"the largest batch that fits is 64 here, got {best!r}")
-    expect(tried == [16, 32, 64, 128], f"stop at the first out-of-memory error (tried {tried})")
-    expect(isinstance(results, list) and [r["batch_size"] for r in results] == [16, 32, 64],
-            "return the results of the batches that fitted, in order")
-    best_none, res_none = largest_batch(lambda bs: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), [8])
-    expect(best_none is None and res_none == [], "when nothing fits, return (None, [])")
-    # RuntimeError is OutOfMemoryError's parent: catching it (or Exception) would hide real bugs too
-    for bug in (ValueError("a real bug"), RuntimeError("a real bug: shapes do not match")):
-        other = None
-        try:
-            largest_batch(lambda bs, bug=bug: (_ for _ in ()).throw(bug), [8])
-        except type(bug) as exc:
-            other = exc
-        expect(other is not None,
-               f"catch only torch.OutOfMemoryError: a {type(bug).__name__} is a bug and must propagate "
-               "(`except RuntimeError` or `except Exception` is too broad)")
-    return "OOM is caught (and only OOM), the sweep stops there and reports the largest batch that fit"
+    return jour1_tools.check_batch_sweep(largest_batch)
 
 
 @register("jour1", "profiler", ("profile_steps",), J1)
 def _check_profiler(profile_steps: Callable) -> str:
-    model = _Recorder()
-    x, y = _batch()
-    for wait, warmup, active in ((1, 1, 2), (2, 1, 3)):  # the schedule is an argument: try two of them
-        calls = []
-
-        def step() -> None:
-            calls.append(1)
-            nn.functional.cross_entropy(model(x), y).backward()
-
-        total = wait + warmup + active
-        with tempfile.TemporaryDirectory() as d:
-            prof = profile_steps(step, d, wait=wait, warmup=warmup, active=active)
-            traces = list(Path(d).rglob("*.json"))
-            expect(len(calls) == total, f"step() ran {len(calls)} times: the schedule needs wait + warmup + active = "
-                                        f"{total} steps, the first ones skipped")
-            expect(prof is not None and hasattr(prof, "key_averages"),
-                   f"your function returned {type(prof).__name__}, not the profiler")
-            expect(getattr(prof, "step_num", 0) == total,
-                   f"the profiler saw {getattr(prof, 'step_num', 0)} steps, expected {total}: the schedule only "
-                   f"advances when told after each step (prof.step()), so it never reached the active steps")
-            convs = {e.key: e.count for e in prof.key_averages() if e.key == "aten::conv2d"}
-            recorded = convs.get("aten::conv2d", 0)
-            expect(bool(traces), "no trace file was written into trace_dir: the profiler needs a handler that writes "
-                                 "the TensorBoard trace when the active steps end (tensorboard_trace_handler)")
-            expect(recorded == active,
-                   f"the trace holds {recorded} steps, the schedule you were given asks for the {active} active ones "
-                   f"(wait={wait}, warmup={warmup}): without a schedule of those counts (or with numbers of your own) "
-                   f"the slow first steps end up in the trace")
-    return "trace written for TensorBoard/Perfetto with the wait/warm-up/active schedule asked for"
+    return jour1_tools.check_profiler(profile_steps)
 
 
 @register("jour1", "evaluate", ("evaluate_fast",), J1)
