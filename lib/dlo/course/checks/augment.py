@@ -2,164 +2,45 @@
 labels."""
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable
 
 import dlo
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.data import augment
-from dlo.data.augment import (MixParams, cutmix_boxes, cutmix_reference, mixup_reference, random_partners,
-                              sample_beta, sample_mix_params)
+from dlo.course.checks.augment_cases import (ACCURACY_MISTAKES, BOX_MISTAKES, accuracy_cases, accuracy_reference,
+                                             accuracy_same, box_cases, box_reference, box_same, mixup_cases)
+from dlo.course.checks.augment_mixup import check_mixup_cases
+from dlo.course.checks.signatures import judge
+from dlo.data.augment import cutmix_reference, random_partners, sample_beta, sample_mix_params
 
 AUGMENT_NB = "Jour2/augment.ipynb"
 
 
-def _box_py(lam: float, cy: int, cx: int, height: int, width: int, *, swap: bool = False, rnd=math.floor,
-            centred: bool = True, shift: bool = False, area: bool = False) -> tuple[int, int, int, int]:
-    """One CutMix box in plain Python, as the lesson defines it, or with one known mistake (to name it)."""
-    r = (1.0 - lam) if area else math.sqrt(1.0 - lam)
-    h, w = (int(rnd(width * r)), int(rnd(height * r))) if swap else (int(rnd(height * r)), int(rnd(width * r)))
-    y0, x0 = (cy - h // 2, cx - w // 2) if centred else (cy, cx)
-    if shift:  # moved inside the image, keeping its size
-        y0, x0 = min(max(y0, 0), height - h), min(max(x0, 0), width - w)
-        return y0, y0 + h, x0, x0 + w
-    clip = lambda v, hi: min(max(v, 0), hi)  # noqa: E731
-    return clip(y0, height), clip(y0 + h, height), clip(x0, width), clip(x0 + w, width)
+BOX_CASES, MIXUP_CASES, ACCURACY_CASES = box_cases(), mixup_cases(), accuracy_cases()
 
 
 @register("augment", "box", ("cutmix_box",), AUGMENT_NB)
 def _check_box(cutmix_box: Callable) -> str:
-    import torch
-
-
-    g = torch.Generator().manual_seed(0)
-    cases = [(0.3, 30, 2, 32, 32), (0.0, 16, 16, 32, 32), (0.999, 5, 5, 32, 32), (0.5, 0, 0, 24, 40)]
-    for _ in range(200):
-        h, w = int(torch.randint(2, 48, (1,), generator=g)), int(torch.randint(2, 48, (1,), generator=g))
-        lam = float(torch.rand((), generator=g))
-        cases.append((lam, int(torch.randint(h, (1,), generator=g)), int(torch.randint(w, (1,), generator=g)), h, w))
-    for lam, cy, cx, h, w in cases:
-        expected = tuple(cutmix_boxes(torch.tensor([lam], dtype=torch.float64), torch.tensor([cy]), torch.tensor([cx]),
-                                      h, w)[0].tolist())
-        got = cutmix_box(lam, cy, cx, h, w)
-        expect(isinstance(got, tuple) and len(got) == 4, f"return a tuple (y0, y1, x0, x1), got {got!r}")
-        expect(all(hasattr(v, "__index__") and not isinstance(v, bool) for v in got),
-               f"return Python ints (y0, y1, x0, x1), got {got!r}: a float cannot index a slice; math.floor and // "
-               "give ints")
-        got = tuple(int(v) for v in got)
-        if got != expected:
-            y0, y1, x0, x1 = got
-            where = f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image"
-            if min(got) < 0 or y1 > h or x1 > w:
-                raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in {h}x{w}: box {got} leaves the image: clip it")
-            mistakes = [
-                (dict(area=True), "each side was scaled by the pasted fraction itself, so the area is that fraction "
-                                  "squared: a rectangle's area scales with the square of its sides' ratio, so each "
-                                  "side scales by the fraction's square root"),
-                (dict(swap=True), "height and width swapped: the box's height comes from the image's height, its "
-                                  "width from the image's width"),
-                (dict(rnd=round), "the sides are truncated, not rounded, to whole pixels"),
-                (dict(centred=False), "the box is centred on (cy, cx): its top-left corner is (cy - h // 2, cx - w // 2)"),
-                (dict(shift=True), "a box that crosses the border is clipped (it loses the part outside the image), "
-                                   "not moved inside with its full size"),
-            ]
-            for options, message in mistakes:
-                if got == _box_py(lam, cy, cx, h, w, **options) and got != _box_py(lam, cy, cx, h, w):
-                    raise CheckFailed(f"{where}: expected {expected}, got {got}: {message}")
-            raise CheckFailed(f"lam={lam:.3f}, centre ({cy}, {cx}) in a {h}x{w} image: expected {expected}, got {got} "
-                              "(each side is the image's side times the same ratio, truncated to whole pixels, so "
-                              "that the box covers a fraction 1 - lam of the image)")
-    return f"{len(cases)} boxes identical to dlo.data.augment.cutmix_boxes (sizes from sqrt(1 - lam), clipped)"
+    tried = judge(BOX_CASES, lambda lam, cy, cx, height, width: cutmix_box(lam, cy, cx, height, width),
+                  box_reference, BOX_MISTAKES, same=box_same)
+    return (f"{tried} boxes identical to dlo.data.augment.cutmix_boxes (sizes from sqrt(1 - lam), clipped; lam 0 and "
+            "1, one-row images, sides on a whole pixel)")
 
 
 @register("augment", "mixup", ("mixup_batch",), AUGMENT_NB)
 def _check_mixup(mixup_batch: Callable) -> str:
-    import torch
-
-
-    g = torch.Generator().manual_seed(0)
-    for dtype, channels_last in ((torch.float32, False), (torch.float32, True), (torch.bfloat16, False)):
-        images = torch.rand(6, 3, 5, 7, generator=g).to(dtype)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        targets = torch.nn.functional.one_hot(torch.arange(6) % 4, 4).float()
-        params = sample_mix_params(6, 0.4, generator=g)
-        before_x, before_t = images.clone(), targets.clone()
-        got_x, got_t = mixup_batch(images, targets, params.lam.float(), params.perm)
-        expect(torch.equal(images, before_x) and torch.equal(targets, before_t),
-                "do not modify the inputs in place (no mul_/add_ on images or targets)")
-        ref_x, ref_t = mixup_reference(images, targets, MixParams(params.lam, params.perm))
-        expect(got_x.shape == images.shape,
-               f"mixed images must keep the shape {tuple(images.shape)}, got {tuple(got_x.shape)}")
-        expect(got_x.dtype == images.dtype,
-               f"{str(dtype).replace('torch.', '')} images came out as {got_x.dtype}: lam is float32, so lam * images is "
-               "promoted; convert lam to images.dtype first (the mixed batch keeps the images' dtype)")
-        atol = 1e-5 if dtype == torch.float32 else 2e-2
-        if not torch.allclose(got_x.float(), ref_x.float(), atol=atol):
-            lam, perm = params.lam, params.perm
-            mistakes = [
-                (MixParams(1 - lam, perm), "the weights are swapped: each image keeps lam[i] of itself and takes "
-                                           "1 - lam[i] from its partner"),
-                (MixParams(lam[:1].expand(6).clone(), perm), "every image used lam[0]: each image has its own lam[i]"),
-                (MixParams(lam.mean().expand(6).clone(), perm), "every image used the mean lam: each image has its own "
-                                                                "lam[i]"),
-                (MixParams(lam, torch.arange(6).roll(1)), "the partners are images.roll(1, 0), not the perm you are "
-                                                          "given: gather them with images[perm]"),
-            ]
-            for variant, message in mistakes:
-                if torch.allclose(got_x.float(), mixup_reference(images, targets, variant)[0].float(), atol=atol):
-                    raise CheckFailed(f"mixed images differ from the reference loop: {message}")
-            raise CheckFailed("mixed images differ from the reference loop: each image must keep its own weight of "
-                              "itself and take the rest from the partner the permutation gives it, pixel by pixel")
-        expect(got_t.shape == targets.shape and torch.allclose(got_t, ref_t, atol=1e-6),
-                "mixed targets differ from the reference: each label must be mixed with its partner's, with the "
-                "same weights as the images")
-        expect(torch.allclose(got_t.sum(1), torch.ones(6)), "mixed targets must still sum to 1")
-    return "batched MixUp equals the per-image loop, inputs untouched, any memory format, the images' dtype kept"
+    tried = check_mixup_cases(mixup_batch, MIXUP_CASES)
+    return (f"batched MixUp equals the per-image loop on {tried} batches (batch of 1, odd sides, float32/64, bfloat16, "
+            "float16, channels_last, lam 0 and 1), values and gradients; inputs untouched, the images' dtype kept")
 
 
 @register("augment", "accuracy", ("mixed_accuracy",), AUGMENT_NB)
 def _check_accuracy(mixed_accuracy: Callable) -> str:
-    import torch
-
-    logits = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])  # predicts 0, 1, 2, 0
-    hard = torch.tensor([0, 1, 1, 2])
-    got = mixed_accuracy(logits, hard)
-    expect(isinstance(got, float), f"return a Python float (use .item()), got {type(got).__name__}")
-    expect(abs(got - 0.5) < 1e-6, f"integer labels: 2 of 4 right -> 0.5, got {got!r}")
-    soft = torch.tensor([[0.7, 0.3, 0.0], [0.0, 0.2, 0.8], [0.0, 0.6, 0.4], [0.5, 0.0, 0.5]])
-    got = mixed_accuracy(logits, soft)
-    expected = (0.7 + 0.2 + 0.4 + 0.5) / 4
-    if isinstance(got, float) and abs(got - expected) >= 1e-6:
-        close = lambda v: abs(got - float(v)) < 1e-6  # noqa: E731
-        expect(not close(soft.max(1).values.mean()),
-               "you scored each label's largest weight whatever the model predicted: score targets[i, prediction_i]")
-        expect(not close((torch.softmax(logits, 1) * soft).sum(1).mean()),
-               "you weighted the targets by the softmax probabilities: score the predicted class only, "
-               "targets[i, argmax_i]")
-        expect(not close(expected / soft.shape[1]),
-               "you averaged over the B x K entries of the targets: take one weight per image, then the mean over "
-               "the batch")
-    expect(isinstance(got, float) and abs(got - expected) < 1e-6,
-            f"soft targets: mean of targets[i, prediction_i] = (0.7 + 0.2 + 0.4 + 0.5) / 4 = {expected:.3f}, got {got!r}")
-    g = torch.Generator().manual_seed(0)  # a random batch of mixed labels, with classes other than 3
-    b, k = 37, 7
-    logits = torch.randn(b, k, generator=g)
-    pair = torch.randint(k, (b, 2), generator=g)
-    lam = torch.rand(b, generator=g)[:, None]
-    one_hot = torch.nn.functional.one_hot(pair, k).float()
-    soft = lam * one_hot[:, 0] + (1 - lam) * one_hot[:, 1]
-    expected = soft[torch.arange(b), logits.argmax(1)].mean().item()
-    got = mixed_accuracy(logits, soft)
-    expect(isinstance(got, float) and abs(got - expected) < 1e-6,
-           f"a random batch of {b} mixed labels over {k} classes: expected {expected:.4f}, got {got!r}")
-    labels = pair[:, 0]
-    got = mixed_accuracy(logits, labels)
-    expected = (logits.argmax(1) == labels).float().mean().item()
-    expect(isinstance(got, float) and abs(got - expected) < 1e-6,
-           f"a random batch of {b} integer labels over {k} classes: expected {expected:.4f}, got {got!r}")
-    return "hard labels: usual accuracy; soft labels: each prediction scores its class's weight"
+    tried = judge(ACCURACY_CASES, lambda logits, targets: mixed_accuracy(logits, targets), accuracy_reference,
+                  ACCURACY_MISTAKES, same=accuracy_same)
+    return (f"hard labels: usual accuracy; soft labels: each prediction scores its class's weight ({tried} batches, "
+            "float32/64, bfloat16, float16 labels, ties, a batch of 1)")
 
 
 def _box_variant(lam, cy, cx, height: int, width: int, *, swap: bool = False,
