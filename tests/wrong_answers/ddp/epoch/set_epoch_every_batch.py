@@ -1,9 +1,10 @@
-"""Calls set_epoch inside the batch loop: once per epoch is enough (and it must come before the loop)."""
+"""Calls set_epoch inside the batch loop: the loader drew this epoch's order when the loop began, with the number
+the sampler had then (the previous epoch's), so each epoch repeats the one before."""
 import torch
 import torch.distributed as dist
 from torch import nn
 
-EXPECT = 'once'
+EXPECT = ['before', 'set_epoch']
 
 
 def train_epoch(model, loader, sampler, epoch, optimizer, criterion, device, show_bar=True):

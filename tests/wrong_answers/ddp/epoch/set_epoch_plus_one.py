@@ -1,7 +1,7 @@
 """Calls set_epoch(epoch + 1), "for the next epoch": the shuffle is not the one of this epoch number."""
 import torch
 
-EXPECT = 'during epoch 3'
+EXPECT = 'during epoch'
 
 
 def train_epoch(model, loader, sampler, epoch, optimizer, criterion, device, show_bar=True):

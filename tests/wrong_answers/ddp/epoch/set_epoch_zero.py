@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-EXPECT = 'during epoch 3'
+EXPECT = 'during epoch'
 
 
 def train_epoch(model, loader, sampler, epoch, optimizer, criterion, device, show_bar=True):
