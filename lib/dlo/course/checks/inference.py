@@ -93,62 +93,147 @@ def _named_distillation_mistake(student: Callable) -> str:
     return " (alpha · T² · KL(softmax(t/T) ‖ softmax(s/T)) + (1 − alpha) · CE(s, y), the KL a mean over the batch)"
 
 
-def _sparsity_model(seed: int = 0) -> tuple[nn.Module, float]:
-    """A model with known zeros, and its expected sparsity over the Conv2d and Linear weights."""
-    g = torch.Generator().manual_seed(seed)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(32, 10),
-                          nn.Sequential(nn.Linear(10, 10, bias=False)))
-    conv, bn, lin, inner = model[0], model[1], model[4], model[5][0]
-    zeros = total = 0
+# --------------------------------------------------------------------------------------------------
+# sparsity: generated nested models against dlo.lessons.inference.sparsity
+# --------------------------------------------------------------------------------------------------
+
+def _zero(w: torch.Tensor, frac: float, g: torch.Generator) -> None:
+    """Non-zero random values in ``w``, then ``frac`` of them (rounded) set to 0."""
     with torch.no_grad():
-        for layer, frac in ((conv, 0.25), (lin, 0.8), (inner, 0.0)):
-            w = torch.randn(layer.weight.shape, generator=g)
-            w[w == 0] = 1.0
-            n = layer.weight.numel()
-            k = int(frac * n)
-            w.view(-1)[torch.randperm(n, generator=g)[:k]] = 0.0
-            layer.weight.copy_(w)
-            zeros, total = zeros + k, total + n
-        conv.bias.zero_()  # zeros that are not weights: biases and norm layers do not count
-        bn.weight.zero_()
-        lin.bias.zero_()
-    return model, zeros / total
+        v = torch.randn(w.shape, generator=g)
+        v[v == 0] = 1.0
+        k = round(frac * v.numel())
+        v.view(-1)[torch.randperm(v.numel(), generator=g)[:k]] = 0.0
+        w.copy_(v)
 
 
-def _number(got: object) -> float:
-    expect(isinstance(got, (float, int)) and not isinstance(got, bool)
-            or (isinstance(got, torch.Tensor) and got.numel() == 1),
-            f"return a number (a Python float), got {type(got).__name__}")
-    return float(got)
+class _Tower(nn.Module):
+    """A container (no forward: only its weights matter) of nested layers that are not all Conv2d / Linear."""
+
+
+def _sparsity_model(level: float, masks: str, seed: int) -> nn.Module:
+    """A nested model: an Embedding and a LayerNorm (zeros that do not count), Linear layers 1 and 2 deep (odd
+    sizes, with and without bias), a Conv2d + BatchNorm2d block, one Linear registered twice (a tied layer) and a
+    top-level head. Each Conv2d / Linear weight gets about ``level`` of zeros (the layers differ, so the mean of
+    the per-layer fractions is not the answer). ``masks``: "none", "one" (prune.l1_unstructured on one layer whose
+    weight_orig already has zeros of its own) or "global" (dlo's prune_global, masks kept)."""
+    from torch.nn.utils import prune
+
+    from dlo.lessons.inference import prune_global
+
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    d, h, v = rng.choice([3, 5, 7]), rng.choice([6, 9, 11]), rng.choice([4, 13])
+    model = _Tower()
+    model.embed = nn.Embedding(v, d)
+    model.norm = nn.LayerNorm(d)
+    model.blocks = nn.ModuleList([nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d, bias=bool(i)))
+                                  for i in range(rng.choice([1, 2]))])
+    model.conv = nn.Sequential(nn.Conv2d(rng.choice([1, 3]), 2, rng.choice([1, 3])), nn.BatchNorm2d(2))
+    model.tied = nn.Sequential(nn.Sequential(model.blocks[0][0]))  # the same Linear, used a second time
+    model.head = nn.Linear(d, rng.choice([2, 5]), bias=False)
+    layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    for i, layer in enumerate(layers):  # unequal shares: level, a bit above or below (0 and 1 stay exact)
+        share = level if level in (0.0, 1.0) else min(1.0, max(0.0, level + (0.1 if i % 2 else -0.1) * rng.random()))
+        _zero(layer.weight, 1.0 if level > 0.95 and i else share, g)
+    for p in (model.embed.weight, model.norm.weight, model.norm.bias, model.conv[1].weight):
+        _zero(p, 0.5, g)  # zeros outside the Conv2d / Linear weights: they must not count
+    for layer in layers:
+        if layer.bias is not None:
+            _zero(layer.bias, 0.5, g)
+    if masks == "one":
+        prune.l1_unstructured(model.blocks[-1][2], "weight", amount=0.6)
+    elif masks == "global":
+        prune_global(model, amount=min(level, 0.9), make_permanent=False)
+    return model
+
+
+def _sparsity_case(level: float, masks: str, seed: int) -> Case:
+    return Case(f"nested model {seed} (Embedding, LayerNorm, a tied Linear, Conv2d), about {level:g} of the Conv2d / "
+                f"Linear weights zero, pruning masks: {masks}",
+                dict(level=level, masks=masks, seed=seed), size=seed)
+
+
+SPARSITY_CASES = seeded(
+    lambda rng: _sparsity_case(rng.choice([0.1, 0.3, 0.5, 0.7, 0.9]), rng.choice(["none", "one", "global"]),
+                               rng.randint(10, 999)), 6, seed=5,
+    fixed=[_sparsity_case(0.5, "none", 0), _sparsity_case(0.0, "none", 1), _sparsity_case(0.99, "none", 2),
+           _sparsity_case(1.0, "none", 3), _sparsity_case(0.3, "one", 4), _sparsity_case(0.6, "global", 5)])
+
+
+def _frac(tensors) -> float:
+    tensors = list(tensors)
+    return sum(int((t == 0).sum()) for t in tensors) / sum(t.numel() for t in tensors)
+
+
+def _layers(model: nn.Module, modules=None) -> list[nn.Module]:
+    return [m for m in (modules if modules is not None else model.modules()) if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+#: Known mistakes: the message, and the formula that gives the answer's number on every case when it is that one.
+_SPARSITY_MISTAKES: list[tuple[str, Callable[[nn.Module], float]]] = [
+    ("that is the mean of the per-layer fractions: count zeros and weights over all layers together",
+     lambda m: sum(float((x.weight == 0).float().mean()) for x in _layers(m)) / len(_layers(m))),
+    ("a nested layer was missed: go through model.modules() (every layer, at any depth), not model.children()",
+     lambda m: _frac(x.weight for x in _layers(m, m.children()))),
+    ("only the weights of Conv2d and Linear layers count (not biases, not BatchNorm parameters)",
+     lambda m: _frac(m.parameters())),
+    ("every parameter called weight with 2 or more dims is counted: that takes an Embedding's weight in (only "
+     "Conv2d and Linear layers count) and, on a pruned layer, weight_orig, which has no mask applied (read "
+     "module.weight, the masked weight)", lambda m: _frac(p for n, p in m.named_parameters() if "weight" in n and p.dim() > 1)),
+    ("the weight of every module with a 2-d or larger weight is counted: that takes an Embedding in; only Conv2d and "
+     "Linear layers count", lambda m: _frac(x.weight for x in m.modules() if isinstance(getattr(x, "weight", None),
+                                                                                        torch.Tensor) and x.weight.dim() > 1)),
+    ("a layer used twice (a tied layer) is counted twice: each layer counts once, as model.modules() gives it",
+     lambda m: _frac(x.weight for x in _layers(m, m.modules(remove_duplicate=False)))),
+    ("on a pruned layer only the zeros of weight_mask are counted: module.weight is weight_orig * weight_mask, "
+     "whose zeros also include weight_orig's own", lambda m: _frac(
+         x.weight_mask if hasattr(x, "weight_mask") else x.weight for x in _layers(m))),
+    ("that is a percentage: return the fraction of zero weights, a number in [0, 1]",
+     lambda m: 100 * _frac(x.weight for x in _layers(m))),
+    ("that is the fraction of non-zero weights (the density): the sparsity is the fraction of zeros",
+     lambda m: 1 - _frac(x.weight for x in _layers(m))),
+]
+
+
+def _model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {**{k: p.detach().clone() for k, p in model.named_parameters()},
+            **{k: b.clone() for k, b in model.named_buffers()}}
+
+
+def _state_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> str | None:
+    """What changed in the model's parameters and buffers, in a few words, or None."""
+    gone, new = sorted(set(before) - set(after)), sorted(set(after) - set(before))
+    if gone or new:
+        return ", ".join([f"{k} is gone" for k in gone[:2]] + [f"{k} appeared" for k in new[:2]])
+    changed = [k for k in before if before[k].shape != after[k].shape or not torch.equal(before[k], after[k])]
+    return f"{changed[0]} was modified" if changed else None
 
 
 @register("inference", "sparsity", ("model_sparsity",), INFERENCE_NB)
 def _check_sparsity(model_sparsity: Callable) -> str:
-    from torch.nn.utils import prune
+    from dlo.lessons.inference import sparsity as reference_sparsity
 
-    model, want = _sparsity_model()
-    got = _number(model_sparsity(model))
-    if abs(got - want) > 1e-6:
-        layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        top = [m for m in model.children() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        params = list(model.parameters())
-        frac = lambda ts: sum(int((t == 0).sum()) for t in ts) / sum(t.numel() for t in ts)  # noqa: E731
-        candidates = {
-            "that is the mean of the per-layer fractions: count zeros and weights over all layers together":
-                sum(float((m.weight == 0).float().mean()) for m in layers) / len(layers),
-            "a nested layer was missed: go through model.modules() (every layer, at any depth), not model.children()":
-                frac([m.weight for m in top]),
-            "only the weights of Conv2d and Linear layers count (not biases, not BatchNorm parameters)": frac(params),
-            "that is a percentage: return the fraction of zero weights, a number in [0, 1]": 100 * want,
-        }
-        hint = next((h for h, v in candidates.items() if abs(got - v) < 1e-6),
-                    "count the zeros of every Conv2d and Linear weight (at any depth), divided by the number of those weights")
-        raise CheckFailed(f"expected {want:.4f} on a model with known zeros, got {got:.4f} -- {hint}")
-    pruned = nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 10))
-    prune.l1_unstructured(pruned[0], "weight", amount=0.6)  # mask attached, prune.remove not called
-    want = (int(0.6 * 600 + 0.5) + int((pruned[2].weight == 0).sum())) / 900
-    got = _number(model_sparsity(pruned))
-    expect(abs(got - want) < 1e-6,
-            f"expected {want:.4f} on a model pruned with prune.l1_unstructured (mask not removed yet), got {got:.4f} -- "
-            "before prune.remove the parameter is weight_orig (no zeros): read module.weight, the masked weight")
-    return "zeros over all Conv2d / Linear weights together, pruning masks included"
+    got = []
+    for case in SPARSITY_CASES:
+        model = _sparsity_model(**case.kwargs)
+        before = _model_state(model)
+        value = run_student(lambda **_: model_sparsity(model), case)
+        expect(isinstance(value, (float, int)) and not isinstance(value, bool)
+               or (isinstance(value, torch.Tensor) and value.numel() == 1),
+               f"with {case.label}: return a number (a Python float), got {type(value).__name__}")
+        problem = _state_change(before, _model_state(model))
+        expect(problem is None, f"with {case.label}: the model was changed ({problem}): measure it without "
+                                "modifying it (no prune.remove, no in-place operation)")
+        got.append(float(value))
+    for case, value in zip(SPARSITY_CASES, got):
+        want = reference_sparsity(_sparsity_model(**case.kwargs))
+        problem = compare(value, want, "the sparsity", dtype=torch.float32)  # a float32 mean is right
+        if problem:
+            why = next((why for why, f in _SPARSITY_MISTAKES if all(compare(
+                v, f(_sparsity_model(**c.kwargs)), "", dtype=torch.float32) is None for c, v in zip(SPARSITY_CASES, got))),
+                "count the zeros of every Conv2d and Linear weight (at any depth, each layer once, the masked weight "
+                "of a pruned layer), divided by the number of those weights")
+            raise CheckFailed(f"with {case.label}: {problem} -- {why}")
+    return (f"the same fraction as the reference on {len(SPARSITY_CASES)} generated nested models (Embedding, "
+            "LayerNorm, biases and BatchNorm with zeros of their own, a tied layer, sparsity 0 to 1, pruning masks "
+            "on one layer or all), the model left as it was")
