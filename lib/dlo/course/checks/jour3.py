@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dlo.course.checks import optimizers_cases as oc
-from dlo.course.checks.cases import compare
+from dlo.course.checks.cases import compare, run_student
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.lr_find import lr_find
 from dlo.training.checkpoint import rng_state, set_rng_state
@@ -109,44 +109,6 @@ def _check_accumulate(accumulated_backward: Callable) -> str:
 # The LR finder's exact restore
 # --------------------------------------------------------------------------------------------------
 
-def _finder_setup(opt_name: str):
-    """A model with BatchNorm (one frozen in eval mode) and dropout, an optimizer and a warm-up scheduler
-    that have taken 3 steps (momentum buffers / Adam moments and step counts exist), and gradients left over."""
-    import random
-
-    import numpy as np
-
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(7, 13), nn.BatchNorm1d(13), nn.ReLU(), nn.Dropout(0.3), nn.Linear(13, 5),
-                          nn.BatchNorm1d(5))
-    if opt_name == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(9, 7, generator=g), torch.randint(0, 5, (9,), generator=g)) for _ in range(4)]
-
-    def step(x, y):
-        opt.zero_grad()
-        if random.random() < 2.0 and np.random.rand() < 2.0:  # an augmentation's draws: Python's and NumPy's RNGs
-            x = x * 1.0
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        return loss.detach()
-
-    for x, y in batches[:3]:
-        step(x, y)
-    nn.functional.cross_entropy(model(batches[3][0]), batches[3][1]).backward()  # gradients left in .grad
-    model[5].eval()  # a frozen BatchNorm inside a model in train mode
-    torch.manual_seed(5)
-    random.seed(5)
-    np.random.seed(5)
-    return model, opt, sched, batches, step
-
-
 def _tensors_in(obj) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -157,39 +119,64 @@ def _tensors_in(obj) -> list[torch.Tensor]:
     return []
 
 
-def _first_difference(model, opt, sched, twin, twin_opt, twin_sched) -> str | None:
-    """What the finder left changed (compared with a twin that never ran it), in one sentence, or None."""
-    params, twin_params = dict(model.named_parameters()), dict(twin.named_parameters())
-    if any(not torch.equal(p, twin_params[k]) for k, p in params.items()):
-        return "the model's parameters were not restored"
-    buffers, twin_buffers = dict(model.named_buffers()), dict(twin.named_buffers())
-    if any(not torch.equal(b, twin_buffers[k]) for k, b in buffers.items()):
-        return "the model's buffers (BatchNorm running statistics) were not restored: they are in named_buffers(), " \
-               "not in named_parameters()"
-    for k, p in params.items():
-        q = twin_params[k].grad
-        if (p.grad is None) != (q is None) or (q is not None and not torch.equal(p.grad, q)):
-            return "the gradients (.grad) were not restored: the finder's last step left its own"
-    if any(a is not b for a, b in zip(opt.param_groups[0]["params"], model.parameters())):
+_STATE_NAMES = {"momentum_buffer": "momentum buffers", "exp_avg": "Adam moments (exp_avg)",
+                "exp_avg_sq": "Adam moments (exp_avg_sq)", "max_exp_avg_sq": "AMSGrad maxima (max_exp_avg_sq)",
+                "step": "step counts"}
+
+
+def _grad_difference(model, twin) -> str | None:
+    for (k, p), q in zip(model.named_parameters(), twin.parameters()):
+        if (p.grad is None) != (q.grad is None):
+            return (f"the gradients (.grad) were not restored: {k}.grad is "
+                    f"{'None' if p.grad is None else 'a tensor'}, expected {'None' if q.grad is None else 'a tensor'}")
+        problem = None if q.grad is None else compare(p.grad, q.grad, f"{k}.grad", dtype=torch.float64)
+        if problem:
+            return f"the gradients (.grad) were not restored: {problem}"
+    return None
+
+
+def _optimizer_difference(model, opt, twin, twin_opt, last_lrs: list) -> str | None:
+    held = [p for g in opt.param_groups for p in g["params"]]
+    if {id(p) for p in held} != {id(p) for p in model.parameters()} or len(held) != len(list(model.parameters())):
         return "the optimizer no longer holds the model's parameters: copy values back into the same tensors"
-    names = {"momentum_buffer": "momentum buffers", "exp_avg": "Adam moments (exp_avg)",
-             "exp_avg_sq": "Adam moments (exp_avg_sq)", "step": "step counts"}
-    for p, q in zip(model.parameters(), twin.parameters()):
+    for (k, p), q in zip(model.named_parameters(), twin.parameters()):
         mine, ref = opt.state.get(p, {}), twin_opt.state.get(q, {})
-        for key in ref:
-            a, b = mine.get(key), ref[key]
-            same = a is not None and (torch.equal(torch.as_tensor(a), torch.as_tensor(b)) if isinstance(b, torch.Tensor)
-                                      or isinstance(a, torch.Tensor) else a == b)
-            if not same:
-                return f"the optimizer's {names.get(key, key)} were not restored"
-    for group, ref in zip(opt.param_groups, twin_opt.param_groups):
+        for key in sorted(set(ref) | set(mine)):
+            a, b = mine.get(key), ref.get(key)
+            name = _STATE_NAMES.get(key, key)
+            if a is None or b is None:
+                return (f"the optimizer's {name} were not restored: {k} has {'none' if a is None else 'one'} after the "
+                        f"finder, expected {'none' if b is None else 'one'}")
+            problem = compare(a, b, f"{k}'s {key}", dtype=torch.float64)
+            if problem or type(a) is not type(b):
+                return f"the optimizer's {name} were not restored: {problem or f'{k} has a {type(a).__name__}'}"
+    for i, (group, ref) in enumerate(zip(opt.param_groups, twin_opt.param_groups)):
         for key in ref:
             if key != "params" and group.get(key) != ref[key]:
-                return (f"the optimizer's param groups were not restored: {key!r} is {group.get(key)!r} instead of "
-                        f"{ref[key]!r}" + (" (the finder's last learning rate)" if key == "lr" else ""))
-    if sched.state_dict() != twin_sched.state_dict():
-        return (f"the scheduler was not restored (last_epoch {sched.last_epoch} instead of {twin_sched.last_epoch}): "
-                "the next lr it sets would be wrong")
+                last = i < len(last_lrs) and key == "lr" and group.get(key) == last_lrs[i]
+                return (f"the optimizer's param groups were not restored: in group {i}, {key!r} is {group.get(key)!r} "
+                        f"instead of {ref[key]!r}" + (" (the finder's last learning rate)" if last else ""))
+    return None
+
+
+def _first_difference(model, opt, sched, twin, twin_opt, twin_sched, last_lrs: list = ()) -> str | None:
+    """What the finder left changed (compared with a twin that never ran it), in one sentence, or None."""
+    for (k, p), q in zip(model.named_parameters(), twin.parameters()):
+        problem = compare(p.detach(), q.detach(), k, dtype=torch.float64)
+        if problem:
+            return f"the model's parameters were not restored: {problem}"
+    for (k, b), c in zip(model.named_buffers(), twin.buffers()):
+        if not torch.equal(b, c):
+            return ("the model's buffers (BatchNorm running statistics) were not restored: they are in named_buffers(), "
+                    f"not in named_parameters() ({k} differs)")
+    what = _grad_difference(model, twin) or _optimizer_difference(model, opt, twin, twin_opt, list(last_lrs))
+    if what:
+        return what
+    if sched is not None:
+        mine, ref = sched.state_dict(), twin_sched.state_dict()
+        key = next((k for k in ref if mine.get(k) != ref[k]), None)
+        if key:
+            return f"the scheduler was not restored: {key} is {mine.get(key)!r} instead of {ref[key]!r}"
     modes = [(n, m.training, t.training) for (n, m), t in zip(model.named_modules(), twin.modules())]
     if any(a != b for _, a, b in modes):
         return ("the train/eval mode of the submodules was not restored (" +
@@ -216,59 +203,81 @@ def _rng_difference(reference: dict) -> str | None:
 def _check_finder_restore(save_training_state: Callable, restore_training_state: Callable) -> str:
     outer = rng_state()  # the notebook's own random state, put back after the check
     try:
-        return _finder_restore(save_training_state, restore_training_state)
+        cases = oc.finder_cases()
+        for case in cases:
+            _finder_case(save_training_state, restore_training_state, case)
     finally:
         set_rng_state(outer)
+    return (f"parameters, buffers, gradients (None where there is none), optimizer state (SGD momentum, Adam and "
+            f"AdamW moments, AMSGrad maxima, steps), both param groups, scheduler, modes and RNGs are restored bit "
+            f"for bit on {len(cases)} cases (float32 and float64, no scheduler, StepLR, LambdaLR); training afterwards "
+            "is as if the finder never ran, and a saved state can be restored twice")
 
 
-def _finder_restore(save_training_state: Callable, restore_training_state: Callable) -> str:
+def _live_tensors(model, opt) -> list[torch.Tensor]:
+    return ([t for t in model.state_dict().values()] + [p.grad for p in model.parameters() if p.grad is not None]
+            + _tensors_in(opt.state_dict()["state"]))
+
+
+def _shared(saved, live: list[torch.Tensor]) -> bool:
+    ptrs = {t.untyped_storage().data_ptr() for t in _tensors_in(saved) if t.numel()}
+    return any(t.untyped_storage().data_ptr() in ptrs for t in live if t.numel())
+
+
+def _finder_case(save_training_state: Callable, restore_training_state: Callable, case) -> None:
     import random
 
     import numpy as np
 
-    model, opt, _, batches, _ = _finder_setup("sgd")
-    try:  # lr_find's default: no scheduler
-        restore_training_state(model, opt, None, save_training_state(model, opt, None))
-    except (AttributeError, TypeError) as exc:
-        raise CheckFailed(f"with scheduler=None (lr_find's default) saving or restoring fails ({exc}): save and "
-                          "restore the scheduler only when there is one") from None
-    for opt_name in ("sgd", "adamw"):
-        model, opt, sched, batches, step = _finder_setup(opt_name)
-        twin, twin_opt, twin_sched, _, twin_step = _finder_setup(opt_name)
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-        live = _tensors_in(dict(model.state_dict())) + _tensors_in(opt.state_dict()["state"])
-        shared: list[str] = []
+    model, opt, sched, batches, step = oc.finder_setup(**case.kwargs)
+    twin, twin_opt, twin_sched, _, twin_step = oc.finder_setup(**case.kwargs)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    live, shared, last_lrs = _live_tensors(model, opt), [], []
 
-        def save(m, o, s):
-            saved = save_training_state(m, o, s)
-            ptrs = {t.untyped_storage().data_ptr() for t in _tensors_in(saved) if t.numel()}
-            if any(t.untyped_storage().data_ptr() in ptrs for t in live if t.numel()):
-                shared.append("yes")
-            return saved
+    def save(m, o, s):
+        saved = save_training_state(m, o, s)
+        shared.extend(["yes"] if _shared(saved, live) else [])
+        return saved
 
-        lr_find(model, opt, None, batches, start_lr=1e-3, end_lr=1.0, num_steps=6, step_fn=step, scheduler=sched,
-                save=save, restore=restore_training_state)
-        what = _first_difference(model, opt, sched, twin, twin_opt, twin_sched) or _rng_difference(rng)
-        if what:
-            if shared:
-                what += (" -- the saved state shares memory with the live tensors (state_dict() returns references "
-                         "that the next steps overwrite): save copies (.clone(), copy.deepcopy)")
-            raise CheckFailed(f"{opt_name}: {what}")
-        for m, s in ((model, step), (twin, twin_step)):
-            torch.manual_seed(7)
-            for x, y in batches:
-                s(x, y)
-        expect(all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values())),
-               f"{opt_name}: training after the finder differs from training without it")
-        # the same saved state restored twice (two sweeps, or a sweep that is retried) must give it back twice
-        saved = save_training_state(model, opt, sched)
-        for _ in range(2):
-            for x, y in batches[:2]:
-                step(x, y)
-            restore_training_state(model, opt, sched, saved)
-        again = _first_difference(model, opt, sched, twin, twin_opt, twin_sched)
-        expect(again is None, f"{opt_name}: the same saved state restored a second time is not the state saved "
-                              f"({again}): the first restore handed the saved tensors themselves to the optimizer, "
-                              "whose steps then overwrote them in place: restore copies of them (copy.deepcopy)")
-    return ("parameters, buffers, gradients, optimizer state (SGD momentum, AdamW moments and steps), param groups, "
-            "scheduler, modes and RNGs are restored bit for bit; training afterwards is as if the finder never ran")
+    def restore(m, o, s, saved):
+        last_lrs[:] = [g["lr"] for g in o.param_groups]
+        restore_training_state(m, o, s, saved)
+
+    run_student(lambda **_: lr_find(model, opt, None, batches, start_lr=1e-3, end_lr=1.0, num_steps=6, step_fn=step,
+                                    scheduler=sched, save=save, restore=restore), case)
+    what = _first_difference(model, opt, sched, twin, twin_opt, twin_sched, last_lrs) or _rng_difference(rng)
+    if what:
+        if shared:
+            what += (" -- the saved state shares memory with the live tensors (state_dict() returns references "
+                     "that the next steps overwrite): save copies (.clone(), copy.deepcopy)")
+        raise CheckFailed(f"with {case.label}: {what}")
+    for s in (step, twin_step):
+        torch.manual_seed(7)
+        for x, y in batches:
+            s(x, y)
+    expect(all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values())),
+           f"with {case.label}: training after the finder differs from training without it")
+    _restore_twice(save_training_state, restore_training_state, case, (model, opt, sched, step),
+                   (twin, twin_opt, twin_sched))
+
+
+def _restore_twice(save_training_state, restore_training_state, case, run, twins) -> None:
+    """The same saved state restored twice (two sweeps, or a sweep that is retried) must give it back twice."""
+    model, opt, sched, step = run
+    saved = run_student(lambda **_: save_training_state(model, opt, sched), case)
+    kept = []
+    for _ in range(2):
+        for x, y in oc.finder_setup(**case.kwargs)[3][:2]:
+            step(x, y)
+        restore_training_state(model, opt, sched, saved)
+        kept.append([name for name, tensors in (
+            ("the parameters", list(model.state_dict().values())),
+            ("the gradients (.grad)", [p.grad for p in model.parameters() if p.grad is not None]),
+            ("the optimizer's state tensors", _tensors_in(opt.state_dict()["state"]))) if _shared(saved, tensors)])
+    again = _first_difference(model, opt, sched, *twins)
+    if again:
+        held = kept[0]
+        raise CheckFailed(f"with {case.label}: the same saved state restored a second time is not the state saved "
+                          f"({again})" + (f": after the first restore, {' and '.join(held)} share memory with the saved state, "
+                                          "so the next steps overwrite it in place: restore copies (.clone(), "
+                                          "copy.deepcopy)" if held else ""))

@@ -7,6 +7,10 @@ gradient accumulation, each run against an independent reference on seeded cases
   1 to 3 chained steps compared with :class:`dlo.training.optim.Lion`, interpolations that are exactly 0 (sign 0).
 - accumulate: 1 to 30 samples, k from 1 to the batch size (k dividing it or not, and k for which ``chunk`` gives
   fewer than k pieces), float32 and float64 models with a frozen layer and an unused parameter (no gradient).
+- finder_restore: float32 and float64 models with BatchNorm (one frozen in eval mode), dropout and a frozen bias
+  (no gradient, no optimizer state), two param groups with their own lr and weight decay; SGD with momentum, Adam
+  with and without amsgrad, AdamW; no scheduler, StepLR or a warm-up LambdaLR; gradients left over or none; steps
+  that clear the gradients to None or to zeros in place. The reference is a twin that never ran the finder.
 
 A known mistake is named only when the answer gives what its formula gives on every case tried; otherwise the
 message states the smallest failing case and the difference.
@@ -242,3 +246,83 @@ def accumulate_run(fn: Callable, case: Case) -> tuple[list, Any, list[int]]:
     finally:
         handle.remove()
     return [None if p.grad is None else p.grad.clone() for p in model.parameters()], total, sizes
+
+
+# --------------------------------------------------------------------------------------------------
+# finder_restore
+# --------------------------------------------------------------------------------------------------
+
+
+def finder_case(opt: str, dtype: torch.dtype, sched: str, leftover: bool, to_none: bool, seed: int) -> Case:
+    label = (f"{opt}, {str(dtype).replace('torch.', '')}, scheduler {sched}, a frozen bias, 2 param groups, "
+             f"{'gradients left over' if leftover else 'no gradients'}, zero_grad(set_to_none={to_none})")
+    return Case(label, dict(opt=opt, dtype=dtype, sched=sched, leftover=leftover, to_none=to_none, seed=seed),
+                size=seed)
+
+
+def finder_cases() -> list[Case]:
+    def draw(rng: random.Random) -> Case:
+        return finder_case(rng.choice(["sgd", "adam", "amsgrad", "adamw"]), rng.choice([torch.float32, torch.float64]),
+                           rng.choice(["none", "StepLR", "LambdaLR"]), rng.random() < 0.5, rng.random() < 0.5,
+                           rng.randint(10, 999))
+
+    fixed = [finder_case("sgd", torch.float32, "LambdaLR", True, True, 0),
+             finder_case("adamw", torch.float32, "LambdaLR", True, True, 1),
+             finder_case("sgd", torch.float64, "none", False, True, 2),
+             finder_case("amsgrad", torch.float64, "StepLR", True, False, 3),
+             finder_case("adam", torch.float32, "StepLR", False, False, 4)]
+    return seeded(draw, 3, seed=9, fixed=fixed)
+
+
+def _finder_optimizer(model: nn.Module, opt: str, sched: str):
+    matrices = [p for p in model.parameters() if p.dim() > 1]
+    others = [p for p in model.parameters() if p.dim() <= 1]  # biases (one frozen) and BatchNorm weights
+    if opt == "sgd":
+        groups = [{"params": matrices, "weight_decay": 1e-3}, {"params": others, "lr": 0.01}]
+        optimizer = torch.optim.SGD(groups, lr=0.05, momentum=0.9)
+    else:
+        groups = [{"params": matrices, "weight_decay": 0.05}, {"params": others, "lr": 1e-3, "weight_decay": 0.0}]
+        optimizer = (torch.optim.AdamW(groups, lr=3e-3) if opt == "adamw"
+                     else torch.optim.Adam(groups, lr=3e-3, amsgrad=opt == "amsgrad"))
+    scheduler = {"none": lambda: None, "StepLR": lambda: torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5),
+                 "LambdaLR": lambda: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))}
+    return optimizer, scheduler[sched]()
+
+
+def finder_setup(opt: str, dtype: torch.dtype, sched: str, leftover: bool, to_none: bool, seed: int):
+    """A model with BatchNorm (one frozen in eval mode), dropout and a frozen bias, an optimizer with two param
+    groups and a scheduler (or none) that have taken 3 steps (momentum buffers / Adam moments and step counts
+    exist), gradients left over or none; the random generators then seeded. Returns (model, optimizer, scheduler,
+    batches, step) where step(x, y) is one training step that draws from torch's, Python's and NumPy's RNGs."""
+    import numpy as np
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(7, 13), nn.BatchNorm1d(13), nn.ReLU(), nn.Dropout(0.3), nn.Linear(13, 5),
+                          nn.BatchNorm1d(5)).to(dtype)
+    model[0].bias.requires_grad_(False)
+    optimizer, scheduler = _finder_optimizer(model, opt, sched)
+    g = torch.Generator().manual_seed(seed + 1)
+    batches = [(torch.randn(9, 7, generator=g, dtype=torch.float64).to(dtype), torch.randint(0, 5, (9,), generator=g))
+               for _ in range(4)]
+
+    def step(x, y):
+        optimizer.zero_grad(set_to_none=to_none)
+        if random.random() < 2.0 and np.random.rand() < 2.0:  # an augmentation's draws: Python's and NumPy's RNGs
+            x = x * 1.0
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss.detach()
+
+    for x, y in batches[:3]:
+        step(x, y)
+    optimizer.zero_grad(set_to_none=True)
+    if leftover:
+        nn.functional.cross_entropy(model(batches[3][0]), batches[3][1]).backward()  # gradients left in .grad
+    model[5].eval()  # a frozen BatchNorm inside a model in train mode
+    torch.manual_seed(seed + 5)
+    random.seed(seed + 5)
+    np.random.seed(seed + 5)
+    return model, optimizer, scheduler, batches, step
