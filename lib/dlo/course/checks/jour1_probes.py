@@ -59,10 +59,28 @@ def compiled_call(module: nn.Module) -> Any:
     return None
 
 
-def backend_config(fn: Any) -> Any:
-    """The compiler configuration of a torch.compile'd function (None for backends that only trace, e.g. 'eager')."""
-    ctx = inspect.getclosurevars(fn).nonlocals.get("self")
-    return getattr(ctx, "compiler_config", True)  # unknown wrapper: not judged on its backend
+def compile_context(fn: Any) -> Any:
+    """The torch.compile context of a compiled function (its closure's ``self``), or None."""
+    return inspect.getclosurevars(fn).nonlocals.get("self")
+
+
+def backend_name(ctx: Any) -> str | None:
+    """The name of the backend a torch.compile context compiles with ('inductor', 'eager', 'aot_eager', ...),
+    found along the wrappers' ``_torchdynamo_orig_backend`` chain; None when it cannot be read."""
+    obj = getattr(ctx, "callback", None)
+    for _ in range(8):
+        if obj is None:
+            return None
+        name = getattr(obj, "_compiler_name", None) or getattr(obj, "compiler_name", None)
+        if isinstance(name, str):
+            return name
+        obj = getattr(obj, "_torchdynamo_orig_backend", None)
+    return None
+
+
+def traces_only(name: str | None) -> bool:
+    """Whether a backend only traces the model and runs the same eager kernels (no generated, fused kernel)."""
+    return bool(name) and (name.startswith("eager") or name.startswith("aot_eager"))
 
 
 def explain_not_channels_last(x: torch.Tensor, x2: torch.Tensor) -> None:
