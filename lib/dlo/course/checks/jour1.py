@@ -1,4 +1,8 @@
-"""Checkers of Jour1/jour1.ipynb.
+"""Checkers of Jour1/jour1.ipynb, registered here in the notebook's order.
+
+Every step is judged on generated cases against a reference: device, cudnn and compile here; the mixed-precision
+steps (amp, fp16, fp16_clip) in jour1_precision.py, evaluate and channels_last in jour1_models.py, batch_sweep and
+profiler in jour1_tools.py, the timer in jour1_timer.py; the cases and models they share in jour1_cases.py.
 """
 from __future__ import annotations
 
