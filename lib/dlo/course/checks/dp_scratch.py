@@ -8,8 +8,9 @@ at any world size:
    plan; which tensors are broadcast; how often accumulation communicates);
 2. on 3, then 2 gloo processes (:data:`WORLD_SIZES`, :mod:`dlo.course.checks.dp_scratch_worker`): the
    gradients must equal DDP's and those of one process on the global batch, and the weights after the
-   optimizer step those of one process (so they agree across ranks), in every set-up of
-   :data:`dlo.course.dp_scratch_cases.SETUPS`; every step is checked in the same run, cached per script
+   optimizer step those of one process (so they agree across ranks), within a tolerance set by the dtype (1e-6 in
+   fp32, 1e-9 in fp64), in every set-up of :data:`dlo.course.dp_scratch_cases.SETUPS` (seeds, fp32 and fp64, a
+   frozen layer, model widths, 2 to 4 micro-batches, bucket sizes that split the model or not); every step is checked in the same run, cached per script
    content, so the five checks of an unchanged file cost one launch per world size.
 
 A failure says what is wrong in one line, naming the mistake when it is a known one (see the cases module).
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 from dlo.course.checks.ddp import one_process_group
 from dlo.course.checks.framework import CheckFailed, expect, register, peer_records
-from dlo.course.dp_scratch_cases import TOL, run_case
+from dlo.course.dp_scratch_cases import SETUPS, run_case
 
 SCRIPT = "Jour2/dp_scratch_train.py"
 WORKER = Path(__file__).with_name("dp_scratch_worker.py")
@@ -87,32 +88,36 @@ def _check(step: str, ns: dict, anchor: Any) -> None:
 def _check_naive(allreduce_gradients: Callable) -> str:
     _check("naive", {"allreduce_gradients": allreduce_gradients}, allreduce_gradients)
     return ("the gradients equal DDP's and one process's on the global batch, and so do the weights after the step "
-            f"(2 and 3 processes, fp32 and fp64, a frozen layer, {TOL:g})")
+            f"(2 and 3 processes, {len(SETUPS)} set-ups: fp32 within 1e-6, fp64 within 1e-9, a frozen layer, widths)")
 
 
 @register("dp_scratch", "broadcast", ("broadcast_state",), SCRIPT)
 def _check_broadcast(broadcast_state: Callable) -> str:
     _check("broadcast", {"broadcast_state": broadcast_state}, broadcast_state)
-    return "every parameter and buffer is rank 0's on 2 and 3 processes, as after DDP's construction"
+    return (f"every parameter and buffer is rank 0's on 2 and 3 processes, as after DDP's construction ({len(SETUPS)} "
+            "set-ups)")
 
 
 @register("dp_scratch", "overlap", ("OverlappedGradSync",), SCRIPT)
 def _check_overlap(cls: type) -> str:
     _check("overlap", {"OverlappedGradSync": cls}, cls)
     return ("one asynchronous all-reduce per trained parameter, launched during backward and waited for once "
-            "backward has moved on; gradients and weights equal one process's over two steps (2 and 3 processes)")
+            "backward has moved on; gradients and weights equal one process's over two steps (2 and 3 processes, "
+            f"{len(SETUPS)} set-ups)")
 
 
 @register("dp_scratch", "buckets", ("plan_buckets", "BucketedGradSync"), SCRIPT)
 def _check_buckets(plan_buckets: Callable, cls: type) -> str:
     _check("buckets", {"plan_buckets": plan_buckets, "BucketedGradSync": cls}, cls)
-    return ("DDP's bucket plan (2-, 4- and 8-byte elements); one asynchronous all-reduce per bucket during backward, "
-            "the partial one included, waited for after; gradients and weights equal one process's (2 and 3 processes)")
+    return ("DDP's bucket plan (generated vectors and matrices of 2-, 4- and 8-byte elements, caps on and off a "
+            "bucket's edge); one asynchronous all-reduce per bucket during backward, the partial one included, waited "
+            "for after; gradients and weights equal one process's (2 and 3 processes, caps that split the model and "
+            "one that does not)")
 
 
 @register("dp_scratch", "no_sync", ("GradSync", "train_step_accumulated"), SCRIPT)
 def _check_no_sync(base: type, train_step_accumulated: Callable) -> str:
     _check("no_sync", {"GradSync": base, "train_step_accumulated": train_step_accumulated}, train_step_accumulated)
-    return ("one all-reduce per parameter for 3 micro-batches, the step after they are averaged, weights equal to "
-            "one step on the global batch over two steps, the mean loss returned; also under DDP's no_sync "
+    return ("one all-reduce per parameter for 2 to 4 micro-batches, the step after they are averaged, weights equal "
+            "to one step on the global batch over two steps, the mean loss returned; also under DDP's no_sync "
             "(2 and 3 processes)")

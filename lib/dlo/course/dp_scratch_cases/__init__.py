@@ -7,9 +7,12 @@ What is checked is behaviour, end to end, on inputs chosen so that the usual mis
 
 * every step trains (or broadcasts) and then compares the *weights* with those of one process on the global
   batch, on every rank (so the ranks also agree with each other), besides the gradients;
-* two set-ups (:data:`SETUPS`): different seeds, fp32 and fp64, a frozen layer (``requires_grad=False``: no
-  gradient at all), and two ways of dealing the samples to the ranks; the bucket plan is also asked for
-  bf16 / fp16 / fp64 tensors and for bucket sizes that divide nothing;
+* the set-ups (:data:`SETUPS`: two fixed, two drawn from a seeded generator): different seeds, fp32 and fp64
+  (compared within 1e-6 and 1e-9), a frozen layer (``requires_grad=False``: no gradient at all), two ways of
+  dealing the samples to the ranks, other model widths and depths, 2 to 4 micro-batches per step, bucket sizes that
+  split the model, give each parameter its own bucket, or hold it all; the bucket plan is also asked on generated
+  vectors and matrices of bf16 / fp16 / fp32 / fp64 elements, with bucket sizes on, just under and just over a
+  bucket's edge;
 * every all-reduce is seen through :func:`dlo.parallel.dp_events.record_collectives` with ``defer=True``:
   an asynchronous result reaches its tensor only when its handle is waited for, and the order of the
   events says whether backward went on between a launch and its wait (overlap) or not;
@@ -28,13 +31,13 @@ from __future__ import annotations
 from typing import Callable
 
 from .common import (
-    TOL, STEPS, PER_RANK, LR, K, Bad, load_script, Setup, SETUPS,
+    TOL, TOLERANCE, STEPS, PER_RANK, LR, K, Bad, load_script, Setup, SETUPS,
 )
 from .naive_broadcast import (
     case_naive, case_broadcast,
 )
 from .overlap_buckets import (
-    case_overlap, PLAN_PARAMS, PLAN_CAPS, case_buckets,
+    case_overlap, PLAN_PARAMS, PLAN_CAPS, plan_cases, case_buckets,
 )
 from .no_sync import (
     case_no_sync,
@@ -53,7 +56,7 @@ def run_case(step: str, ns: dict) -> dict:
 
 
 __all__ = [
-    "TOL", "STEPS", "PER_RANK", "LR", "K", "Bad", "load_script", "Setup", "SETUPS", "case_naive",
-    "case_broadcast", "case_overlap", "PLAN_PARAMS", "PLAN_CAPS", "case_buckets", "case_no_sync", "CASES",
+    "TOL", "TOLERANCE", "STEPS", "PER_RANK", "LR", "K", "Bad", "load_script", "Setup", "SETUPS", "case_naive",
+    "case_broadcast", "case_overlap", "PLAN_PARAMS", "PLAN_CAPS", "plan_cases", "case_buckets", "case_no_sync", "CASES",
     "run_case",
 ]

@@ -1,9 +1,11 @@
-"""What every step's case shares: the tolerances, the two set-ups (seeds, dtypes, a frozen layer, two ways of
-dealing the samples), the model and data, the one-process reference, and the comparisons that name what differs."""
+"""What every step's case shares: the tolerances (by dtype), the set-ups (seeds, dtypes, a frozen layer, two ways of
+dealing the samples, model widths, micro-batches per step, bucket sizes), the model and data, the one-process
+reference, and the comparisons that name what differs."""
 from __future__ import annotations
 
 import contextlib
 import copy
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +19,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dlo.parallel.dp_events import Timeline
 
 
-TOL = 1e-6  # gradients and weights: |got - expected| <= TOL + TOL * |expected|
+TOL = 1e-6  # fp32 gradients and weights: |got - expected| <= TOL + TOL * |expected|
+TOLERANCE = {torch.float32: TOL, torch.float64: 1e-9}  # fp64 sums agree to ~1e-15: a float32 detour shows
 STEPS = ("naive", "broadcast", "overlap", "buckets", "no_sync")
-PER_RANK = 6  # samples per rank (3 micro-batches of 2 in the no_sync step)
+PER_RANK = 6  # samples per rank in the first set-ups (3 micro-batches of 2 in the no_sync step)
 LR = 0.1  # plain SGD: the step's effective gradient is (weights before - weights after) / LR
-K = 3  # micro-batches per step in the no_sync step
+K = 3  # micro-batches per step in the no_sync step of the first set-ups
 
 
 class Bad(AssertionError):
@@ -48,14 +51,39 @@ class Setup:
     dtype: torch.dtype
     frozen: bool  # one hidden layer has requires_grad=False (no .grad, but gradients flow through it)
     interleave: bool  # samples dealt to the ranks in turn (True) or in contiguous slices (False)
+    widths: tuple[int, ...] = (3, 7, 5, 4)  # the hidden layers' widths (the third Linear has no bias)
+    k: int = K  # micro-batches per step (no_sync)
+    per_rank: int = PER_RANK  # samples per rank and step, a multiple of k
+    cap: int = 100  # bucket size in bytes (buckets)
 
     def __str__(self) -> str:
         return (f"seed {self.seed}, {str(self.dtype).replace('torch.', '')}, "
                 + ("a frozen layer, " if self.frozen else "")
-                + ("samples dealt in turn" if self.interleave else "contiguous slices"))
+                + ("samples dealt in turn" if self.interleave else "contiguous slices")
+                + f", widths {list(self.widths)}, k={self.k}, {self.per_rank} samples per rank, buckets of "
+                  f"{self.cap} bytes")
 
 
-SETUPS = (Setup(0, torch.float32, False, False), Setup(1, torch.float64, True, True))
+def _drawn_setups(n: int, seed: int = 7) -> list[Setup]:
+    """``n`` set-ups from a seeded generator, the same on every rank and every run (every rank must build the same
+    models): other widths and depths, 2 to 4 micro-batches, bucket sizes from one byte (a bucket per parameter) to
+    more than the model (one bucket)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = rng.choice((2, 4))
+        out.append(Setup(2 + i, rng.choice((torch.float32, torch.float64)), i % 2 == 0, i % 2 == 1,
+                         tuple(rng.randint(2, 9) for _ in range(rng.randint(2, 4))), k, k * rng.randint(1, 2),
+                         (10**9, 1)[i % 2]))
+    return out
+
+
+#: Two fixed set-ups, then drawn ones (fp32 and fp64, odd widths, k of 2 and 4, one bucket and a bucket per parameter).
+SETUPS = (Setup(0, torch.float32, False, False), Setup(1, torch.float64, True, True), *_drawn_setups(2))
+
+
+def _tol(model: nn.Module) -> float:
+    return TOLERANCE.get(next(model.parameters()).dtype, TOL)
 
 
 @contextlib.contextmanager
@@ -68,12 +96,15 @@ def _in(setup: Setup):
 
 
 def _mlp(setup: Setup = SETUPS[0]) -> nn.Module:
-    """Nine parameter tensors of different sizes, one layer without bias, small first layers (so that a bucket
-    plan has a last, partial bucket); no BatchNorm (so that one process on the global batch computes the same
-    gradients). With ``setup.frozen`` the second Linear layer is frozen."""
+    """Linear layers of different sizes (6 -> widths -> 3) with Tanh between, the third without bias, small first
+    layers (so that a bucket plan has a last, partial bucket); no BatchNorm (so that one process on the global batch
+    computes the same gradients). With ``setup.frozen`` the second Linear layer is frozen."""
     torch.manual_seed(setup.seed)
-    model = nn.Sequential(nn.Linear(6, 3), nn.Tanh(), nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 5, bias=False),
-                          nn.Tanh(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).to(setup.dtype)
+    dims = [6, *setup.widths, 3]
+    layers: list[nn.Module] = []
+    for j in range(len(dims) - 1):
+        layers += [nn.Linear(dims[j], dims[j + 1], bias=j != 2), nn.Tanh()]
+    model = nn.Sequential(*layers[:-1]).to(setup.dtype)
     if setup.frozen:
         model[2].requires_grad_(False)
     return model
@@ -90,15 +121,15 @@ def _world() -> tuple[int, int]:
 
 def _owner(setup: Setup, world: int) -> torch.Tensor:
     """Which rank each sample of the global batch goes to."""
-    i = torch.arange(world * PER_RANK)
-    return i % world if setup.interleave else i // PER_RANK
+    i = torch.arange(world * setup.per_rank)
+    return i % world if setup.interleave else i // setup.per_rank
 
 
 def _global_batch(setup: Setup, world: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(50 + 100 * setup.seed + step)
-    x = torch.randn(world * PER_RANK, 6, generator=gen, dtype=torch.float64)
+    x = torch.randn(world * setup.per_rank, 6, generator=gen, dtype=torch.float64)
     x = (x * (1 + _owner(setup, world))[:, None]).to(setup.dtype)  # the ranks' samples differ in scale
-    return x, torch.randint(0, 3, (world * PER_RANK,), generator=gen)
+    return x, torch.randint(0, 3, (world * setup.per_rank,), generator=gen)
 
 
 def _local(setup: Setup, batch, rank: int, world: int):
@@ -121,7 +152,8 @@ def _trainable(model: nn.Module) -> list[bool]:
 def _reference(setup: Setup, steps: int) -> list[dict]:
     """Per step, from the weights one process has at that step: this rank's slice's gradients alone
     (``local``), DDP's, those of one process on the global batch (``single``), its weights before and after
-    SGD(lr LR), and the gradients of this rank's last micro-batch (``last``, divided by K)."""
+    SGD(lr LR), and the gradients of this rank's last micro-batch (``last``, divided by k)."""
+    K = setup.k  # noqa: N806 - the micro-batches per step, as in the exercise
     rank, world = _world()
     single, ddp = _mlp(setup), DDP(_mlp(setup))
     opt_s, opt_d = (torch.optim.SGD(m.parameters(), lr=LR) for m in (single, ddp))
@@ -223,7 +255,8 @@ def _diagnose(got: list, ref: dict, model: nn.Module, what: str = "p.grad") -> d
     """Check gradients against one process's and DDP's; raise Bad naming the likely mistake."""
     rank, world = _world()
     keep = _trainable(model)
-    kinds = _classify(got, ref, keep, TOL)
+    tol = _tol(model)
+    kinds = _classify(got, ref, keep, tol)
     if "missing" in kinds:
         raise Bad(f"{what} is None for {_names(model, kinds['missing'])} after finishing: every trained parameter "
                   "needs its averaged gradient")
@@ -241,11 +274,11 @@ def _diagnose(got: list, ref: dict, model: nn.Module, what: str = "p.grad") -> d
             message = f"{_names(model, kinds[wrong[0]])} only: " + message
         raise Bad(message)
     raise Bad(f"the gradients differ from one process's on the global batch by up to {diffs['single']:.2g} "
-              f"(allowed: {TOL:g} + {TOL:g} x |g|) and from DDP's by up to {diffs['ddp']:.2g}")
+              f"(allowed: {tol:g} + {tol:g} x |g|) and from DDP's by up to {diffs['ddp']:.2g}")
 
 
 def _check_weights(model: nn.Module, before: list, ref: dict, *, context: str = "", extra: dict | None = None,
-                   messages: dict | None = None) -> None:
+                   messages: dict | None = None, k: int = K) -> None:
     """The weights after the step must be one process's (so equal on every rank). Otherwise the effective
     gradient (before - after) / LR says what the step used."""
     rank, world = _world()
@@ -255,7 +288,8 @@ def _check_weights(model: nn.Module, before: list, ref: dict, *, context: str = 
              if not k and not torch.equal(b, a)]
     _expect(not moved, f"the frozen parameter(s) {moved} changed: a parameter with requires_grad=False must not "
                        "be trained")
-    if all(_close(a, w) for a, w, k in zip(after, ref["after"], keep) if k):
+    tol = _tol(model)
+    if all(_close(a, w, tol) for a, w, t in zip(after, ref["after"], keep) if t):
         return
     effective = [(b.double() - a.double()) / LR for b, a in zip(before, after)]
     if all(float(e.abs().max()) == 0 for e, k in zip(effective, keep) if k):
@@ -264,7 +298,7 @@ def _check_weights(model: nn.Module, before: list, ref: dict, *, context: str = 
     wrong = [k for k in kinds if k != "ok"]
     messages = {**_WEIGHT_MESSAGES, **(messages or {})}
     if len(wrong) == 1 and wrong[0] in messages:
-        raise Bad(messages[wrong[0]].format(world=world, what="p.grad", k=K) + context)
+        raise Bad(messages[wrong[0]].format(world=world, what="p.grad", k=k) + context)
     diff = _max_diff(after, ref["after"], keep)
     raise Bad(f"after the optimizer step the weights differ from one process's on the global batch by up to "
               f"{diff:.2g}{context}")

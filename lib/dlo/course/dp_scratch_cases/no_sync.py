@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dlo.parallel.dp_events import Timeline, record_collectives
 from dlo.course.dp_scratch_cases.common import (
-    Bad, K, LR, SETUPS, Setup, _check_weights, _expect, _in, _max_diff, _mlp, _reference, _trainable, _weights,
+    Bad, LR, SETUPS, Setup, _check_weights, _expect, _in, _max_diff, _mlp, _reference, _trainable, _weights,
     _world,
 )
 
@@ -56,11 +56,11 @@ def _ref_sync_class(base: type) -> type:
     return ReferenceSync
 
 
-def _micro(data) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(data[0][i::K], data[1][i::K]) for i in range(K)]
+def _micro(data, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(data[0][i::k], data[1][i::k]) for i in range(k)]
 
 
-def _check_loss(returned: Any, ref: dict) -> None:
+def _check_loss(returned: Any, ref: dict, K: int) -> None:  # noqa: N803 - k, the micro-batches per step
     _expect(returned is not None, "train_step_accumulated returned nothing: it must return the mean loss of its "
                                   "k micro-batches")
     if isinstance(returned, torch.Tensor):
@@ -108,6 +108,7 @@ def case_no_sync(ns: dict) -> dict:
 
 def _no_sync_setup(step_fn: Callable, base: type, setup: Setup) -> dict:
     rank, world = _world()
+    K = setup.k  # noqa: N806 - the micro-batches per step, as in the exercise
     ref = _reference(setup, steps=2)
     model = _mlp(setup)
     n = sum(_trainable(model))
@@ -123,13 +124,14 @@ def _no_sync_setup(step_fn: Callable, base: type, setup: Setup) -> dict:
         timeline.clear()
         before = _weights(model)
         with record_collectives(timeline, defer=True):
-            returned = step_fn(model, sync, _micro(ref[step]["data"]), F.cross_entropy, opt)
+            returned = step_fn(model, sync, _micro(ref[step]["data"], K), F.cross_entropy, opt)
         _expect(sync.require_sync is True, "no_sync() must set require_sync back when its block ends (try/finally): "
                                            "otherwise no later backward communicates")
         calls = timeline.collectives()
         count = len(calls)
-        _expect(count != K * n, f"{count} all-reduces for {K} micro-batches: it communicated on every micro-batch; "
-                                "the first k - 1 forward and backward passes belong inside sync.no_sync()")
+        _expect(count != K * n or K == 1,
+                f"{count} all-reduces for {K} micro-batches: it communicated on every micro-batch; "
+                "the first k - 1 forward and backward passes belong inside sync.no_sync()")
         _expect(count != 0, "nothing was all-reduced: the last micro-batch must run outside no_sync(), followed by "
                             "sync.finish()")
         _expect(count == n, f"{count} all-reduces for one step of {n} trained parameters: only the last micro-batch's "
@@ -157,8 +159,8 @@ def _no_sync_setup(step_fn: Callable, base: type, setup: Setup) -> dict:
                       "stale": "the previous step's gradients were still in p.grad: zero the gradients once per "
                                "step, before the first micro-batch (or after the optimizer step)",
                       "local": "the step used this rank's own gradient, not the average: the ranks' weights differ "
-                               "(the optimizer must step after sync.finish())"})
-        _check_loss(returned, ref[step])
+                               "(the optimizer must step after sync.finish())"}, k=K)
+        _check_loss(returned, ref[step], K)
     # DDP decides during the forward whether the next backward communicates: forward inside no_sync() too.
     return {"single": _max_diff(_weights(model), ref[-1]["after"], _trainable(model))}
 
@@ -172,7 +174,8 @@ def _no_sync_under_ddp(step_fn: Callable, setup: Setup) -> float:
     timeline = Timeline()
     before = _weights(ddp.module)
     with record_collectives(timeline):
-        step_fn(ddp, _DDPAdapter(ddp), _micro(ref["data"]), F.cross_entropy, torch.optim.SGD(ddp.parameters(), lr=LR))
+        step_fn(ddp, _DDPAdapter(ddp), _micro(ref["data"], setup.k), F.cross_entropy,
+                torch.optim.SGD(ddp.parameters(), lr=LR))
     launches = len(timeline.collectives())
     _expect(launches == 1, f"with DDP, {launches} bucket all-reduces instead of 1: DDP arms its hooks during the "
                            "forward, so the first k - 1 forwards belong inside no_sync() as well as their backwards")

@@ -2,6 +2,7 @@
 the bucket plan, asked for several dtypes and bucket sizes)."""
 from __future__ import annotations
 
+import random
 from typing import Callable
 
 import torch
@@ -104,11 +105,30 @@ def _ref_plan(params, bucket_bytes: int, *, reverse: bool = True, size=lambda p:
     return buckets
 
 
-#: The plan's inputs: sizes and dtypes (2, 2, 4, 8 bytes per element), and bucket sizes in bytes, some of which
+#: The plan's fixed inputs: sizes and dtypes (2, 2, 4, 8 bytes per element), and bucket sizes in bytes, some of which
 #: divide no tensor's size.
 PLAN_PARAMS = ((10, torch.float32), (3, torch.bfloat16), (7, torch.float16), (20, torch.float32),
                (5, torch.float64), (8, torch.bfloat16), (2, torch.float32), (9, torch.float16))
 PLAN_CAPS = (40, 48, 30, 1, 10**9)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def plan_cases(n: int = 12, seed: int = 5) -> list[tuple[tuple, tuple]]:
+    """The fixed case, then ``n`` drawn from a seeded generator (the same on every rank and run): 1 to 9 tensors of 1
+    to 24 elements, vectors and matrices (as weights are), in one dtype or mixed ones, and bucket sizes of one byte, of exactly a running total of the
+    sizes (a bucket that closes on its last byte), one byte less and more, a tensor larger than the cap, and more than
+    the whole."""
+    rng = random.Random(seed)
+    cases = [(PLAN_PARAMS, PLAN_CAPS)]
+    for i in range(n):
+        one = rng.choice(_DTYPES)
+        params = tuple(((rng.randint(1, 24),) if rng.random() < 0.4 else (rng.randint(1, 5), rng.randint(2, 6)),
+                        one if i % 3 == 0 else rng.choice(_DTYPES)) for _ in range(rng.randint(1, 9)))
+        sizes = [torch.empty(m, dtype=d).nbytes for m, d in reversed(params)]
+        running = sum(sizes[:rng.randint(1, len(sizes))])
+        caps = tuple(sorted({1, running, max(1, running - 1), running + 1, max(sizes) // 2 + 1, sum(sizes) + 1}))
+        cases.append((params, caps))
+    return sorted(cases, key=lambda c: len(c[0]))
 
 
 def _normalised(plan) -> list[list[int]] | None:
@@ -119,30 +139,42 @@ def _normalised(plan) -> list[list[int]] | None:
         return None
 
 
+#: Known wrong plans, by the rule they follow instead of DDP's.
+_KNOWN_PLANS = (
+    ("the buckets must be filled in reverse registration order: the last parameters' gradients are ready first",
+     {"reverse": False}),
+    ("bucket_bytes is in bytes: a gradient's size is numel() * element_size(), not numel()",
+     {"size": lambda p: p.numel()}),
+    ("the byte count assumes 4-byte elements: bf16 and fp16 gradients take 2 bytes per element, fp64 8; "
+     "numel() * element_size() is the size in bytes", {"size": lambda p: p.numel() * 4}),
+    ("a bucket closes once its gradients add up to at least bucket_bytes (DDP's rule), not before they would "
+     "exceed it", {"strict": True}),
+)
+
+
 def _check_plan(plan_buckets: Callable) -> None:
-    params = [torch.empty(n, dtype=d) for n, d in PLAN_PARAMS]
-    got = {cap: _normalised(plan_buckets(params, cap)) for cap in PLAN_CAPS}
-    want = {cap: _normalised(_ref_plan(params, cap)) for cap in PLAN_CAPS}
+    got, want, known = [], [], {message: [] for message, _ in _KNOWN_PLANS}
+    for spec, caps in plan_cases():
+        params = [torch.empty(n, dtype=d) for n, d in spec]
+        for cap in caps:
+            got.append(_normalised(plan_buckets(params, cap)))
+            want.append(_normalised(_ref_plan(params, cap)))
+            for message, kwargs in _KNOWN_PLANS:
+                known[message].append(_normalised(_ref_plan(params, cap, **kwargs)))
     if got == want:
         return
-    known = (
-        ("the buckets must be filled in reverse registration order: the last parameters' gradients are ready first",
-         {"reverse": False}),
-        ("bucket_bytes is in bytes: a gradient's size is numel() * element_size(), not numel()",
-         {"size": lambda p: p.numel()}),
-        ("the byte count assumes 4-byte elements: bf16 and fp16 gradients take 2 bytes per element, fp64 8; "
-         "numel() * element_size() is the size in bytes", {"size": lambda p: p.numel() * 4}),
-        ("a bucket closes once its gradients add up to at least bucket_bytes (DDP's rule), not before they would "
-         "exceed it", {"strict": True}),
-    )
-    for message, kwargs in known:
-        if all(got[c] == _normalised(_ref_plan(params, c, **kwargs)) for c in PLAN_CAPS):
+    for message, plans in known.items():  # named only when every plan tried follows that rule
+        if got == plans:
             raise Bad(message)
-    if all(got[c] in (want[c], want[c][:-1]) for c in PLAN_CAPS):  # dropped wherever a partial one is left
+    if all(g in (w, w[:-1]) for g, w in zip(got, want)):  # dropped wherever a partial one is left
         raise Bad("the last, partial bucket is missing: what remains after the loop is a bucket too")
-    cap = next(c for c in PLAN_CAPS if got[c] != want[c])
-    raise Bad(f"plan_buckets(tensors of {[(n, str(d).replace('torch.', '')) for n, d in PLAN_PARAMS]}, {cap} bytes): "
-              f"expected {want[cap]}, got {got[cap]}")
+    j = 0
+    for spec, caps in plan_cases():
+        for cap in caps:
+            if got[j] != want[j]:
+                shown = [(list(n) if isinstance(n, tuple) else n, str(d).replace('torch.', '')) for n, d in spec]
+                raise Bad(f"plan_buckets(tensors of {shown}, {cap} bytes): expected {want[j]}, got {got[j]}")
+            j += 1
 
 
 def case_buckets(ns: dict) -> dict:
@@ -153,7 +185,7 @@ def case_buckets(ns: dict) -> dict:
         with _in(setup):
             probe = _mlp(setup)
             params = [p for p in probe.parameters() if p.requires_grad]
-            cap = 100  # bytes: fp32 [8, 7, 6, 5] [4] [3, 2] and the last, partial [1, 0]; fp64 another plan
+            cap = setup.cap  # 100 bytes in the first set-ups: fp32 [8, 7, 6, 5] [4] [3, 2] and the last, partial [1, 0]
             plan = _ref_plan(params, cap)
             sizes = sorted(sum(params[i].numel() for i in b) for b in plan)
 
@@ -161,7 +193,7 @@ def case_buckets(ns: dict) -> dict:
                 if step == 1 and not launched:
                     raise Bad("no bucket was launched in the second step: the ready counts (self.ready) must be "
                               "reset in finish()")
-                if len(params) > 1 and sorted(launched) == sorted(p.numel() for p in params):
+                if len(plan) < len(params) and sorted(launched) == sorted(p.numel() for p in params):
                     raise Bad("one all-reduce per parameter: each gradient must be copied into its bucket's flat "
                               "buffer, and the buffer all-reduced once, when the bucket holds all its gradients")
                 if launched and sorted(launched) == sorted(sum(params[i].numel() for i in b) for b in plan[:-1]):
