@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from dlo.course.checks.cases import Case, first_failure, seeded
+from dlo.course.checks.cases import Case, compare, first_failure, run_student, seeded
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.jit import captured_warnings
 
@@ -100,11 +100,69 @@ def _compare_generated(clip_by_norm: Callable) -> None:
         raise CheckFailed(f"with {case.label}: {problem}")
 
 
-def _tiny_run() -> tuple[nn.Module, torch.optim.Optimizer]:
+def _tiny_run(dtype: torch.dtype = torch.float32) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
-    # plain SGD, one tensor at a time: the quickest optimizer step for Dynamo to trace (the check stays ~1 s)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(dtype)
+    # plain SGD, one tensor at a time: the quickest optimizer step for Dynamo to trace (the check stays a few s)
     return model, torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+
+
+#: The losses the step is tried with: the lesson's cross-entropy, a label-smoothed one and a regression loss on
+#: float targets (a step that ignores loss_fn gives other values on the last two).
+_LOSSES: dict[str, Callable] = {"cross_entropy": nn.functional.cross_entropy,
+                                "label-smoothed cross_entropy": nn.CrossEntropyLoss(label_smoothing=0.2),
+                                "mse_loss on float targets": nn.functional.mse_loss}
+
+
+def _step_case(loss: str, dtype: torch.dtype, sizes: tuple[int, ...], seed: int) -> Case:
+    label = f"{loss}, {str(dtype).replace('torch.', '')}, batches of {', '.join(map(str, sizes))} (one per step)"
+    return Case(label, dict(loss=loss, dtype=dtype, sizes=sizes, seed=seed), size=len(sizes))
+
+
+#: Each case is one torch.compile (Dynamo traces the step once, and once more when the batch size changes): three
+#: cases keep the check at a few seconds. A new batch at every step; sizes that change between steps.
+STEP_CASES = [_step_case("cross_entropy", torch.float32, (8, 8, 5), 1),
+              _step_case("label-smoothed cross_entropy", torch.float64, (3, 3), 2),
+              _step_case("mse_loss on float targets", torch.float32, (4, 4), 3)]
+
+
+def _step_batches(loss: str, dtype: torch.dtype, sizes: tuple[int, ...], seed: int) -> list[tuple]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in sizes:
+        x = torch.randn(n, 6, generator=g, dtype=torch.float64).to(dtype)
+        y = (torch.randn(n, 3, generator=g, dtype=torch.float64).to(dtype) if loss.startswith("mse")
+             else torch.randint(0, 3, (n,), generator=g))
+        out.append((x, y))
+    return out
+
+
+def _eager(case: Case, variant: str = "right") -> tuple[list[float], list[torch.Tensor]]:
+    """The eager training (losses and final weights) of ``case``; ``variant`` is a known mistake's."""
+    model, opt = _tiny_run(case.kwargs["dtype"])
+    loss_fn = nn.functional.cross_entropy if variant == "cross_entropy" else _LOSSES[case.kwargs["loss"]]
+    losses = []
+    for x, y in _step_batches(**case.kwargs):
+        loss = loss_fn(model(x), y)
+        if variant != "no_zero_grad":
+            opt.zero_grad(set_to_none=variant != "zero_after_backward")
+        if variant == "zero_after_backward":
+            loss.backward()
+            opt.zero_grad(set_to_none=False)
+        else:
+            loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+_STEP_MISTAKES = {
+    "no_zero_grad": "the gradients are never cleared, so every earlier step's are added in: zero the gradients at "
+                    "every step",
+    "zero_after_backward": "the update used gradients cleared after backward (the weights never move): forward, "
+                           "loss, zero_grad, backward, optimizer.step, in that order",
+    "cross_entropy": "the loss is cross-entropy whatever loss_fn is: compute the loss with the loss_fn given",
+}
 
 
 def _op_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -140,53 +198,76 @@ def _watched_compile(backend: Callable) -> Iterator[list[dict]]:
         torch.compile = real
 
 
-@register("jit", "compiled_step", ("make_compiled_step",), JIT_NB)
-def _check_compiled_step(make_compiled_step: Callable) -> str:
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
-    loss_fn = nn.functional.cross_entropy
-
-    ref_model, ref_opt = _tiny_run()
-    ref_losses = []
-    for _ in range(2):
-        loss = loss_fn(ref_model(x), y)
-        ref_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        ref_opt.step()
-        ref_losses.append(loss.detach())
-
+def _compiled_run(make_compiled_step: Callable, case: Case) -> tuple[list, nn.Module, list]:
+    """The answer's compiled step on ``case`` (a fresh Dynamo cache and the checker's recording backend): the
+    returned losses, the model after the steps and the captured graphs."""
     graphs: list[torch.fx.GraphModule] = []
 
     def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable:
         graphs.append(gm)
         return gm.forward  # run the captured graph as is: checks the capture, costs no compilation
 
-    model, opt = _tiny_run()
+    model, opt = _tiny_run(case.kwargs["dtype"])
     # code Dynamo compiled earlier in this process (another answer, the notebook) would be reused from its cache
     # without going through this backend: start from an empty cache so that every graph is seen
     torch._dynamo.reset()
-    with _watched_compile(recording_backend) as calls:
-        step = make_compiled_step(model, opt, loss_fn, backend=recording_backend)
-        calls.append(_MADE)  # from here on, a call to torch.compile is a compile per step: refused at once
-        expect(callable(step), "return the compiled step, a function of (images, labels)")
-        with captured_warnings():  # Dynamo's notes while tracing the optimizer (e.g. record_function ignored)
-            losses = [step(x, y) for _ in range(2)]
+
+    def run(**_: Any) -> list:
+        with _watched_compile(recording_backend) as calls:
+            step = make_compiled_step(model, opt, _LOSSES[case.kwargs["loss"]], backend=recording_backend)
+            calls.append(_MADE)  # from here on, a call to torch.compile is a compile per step: refused at once
+            expect(callable(step), "return the compiled step, a function of (images, labels)")
+            with captured_warnings():  # Dynamo's notes while tracing the optimizer (e.g. record_function ignored)
+                return [step(x, y) for x, y in _step_batches(**case.kwargs)]
+
+    return run_student(run, case), model, graphs
+
+
+def _check_capture(graphs: list) -> None:
     expect(bool(graphs), "nothing went through torch.compile: the step you return must be the compiled "
-                          "function (and pass compile_kwargs on: the checker gives its own backend)")
+                         "function (and pass compile_kwargs on: the checker gives its own backend)")
     ops = [name for gm in graphs for name in _op_names(gm)]
     expect(any("linear" in o for o in ops), "the model's forward pass must run inside the compiled function")
     expect(any("cross_entropy" in o or "nll_loss" in o for o in ops),
-            "compile the whole step, not just the model: the loss must be computed inside the compiled function")
+           "compile the whole step, not just the model: the loss must be computed inside the compiled function")
     expect(any(o.endswith("add_") or "foreach" in o for o in ops),
-            "call optimizer.step() inside the compiled function (no parameter update was captured)")
-    for i, (got, ref) in enumerate(zip(losses, ref_losses), 1):
-        expect(isinstance(got, torch.Tensor) and got.ndim == 0, f"step {i}: return the loss as a 0-d tensor (no .item())")
-        expect(not got.requires_grad, f"step {i}: the returned loss still requires grad: detach it (the caller "
-                                     "must not keep the autograd graph)")
-        expect(abs(got.item() - ref.item()) < 1e-5,
-                f"step {i}: loss {got.item():.6f}, eager gives {ref.item():.6f} -- forward, loss, "
-                "zero_grad, backward, optimizer.step, in that order")
-    for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
-        expect(torch.allclose(p.detach(), q.detach(), rtol=1e-5, atol=1e-6),
-                f"after 2 steps parameter {name} differs from eager training (zero the gradients at every step)")
-    return f"forward, loss and optimizer step captured in {len(graphs)} graph(s); 2 steps match eager training"
+           "call optimizer.step() inside the compiled function (no parameter update was captured)")
+
+
+@register("jit", "compiled_step", ("make_compiled_step",), JIT_NB)
+def _check_compiled_step(make_compiled_step: Callable) -> str:
+    runs, n_graphs = [], 0
+    for case in STEP_CASES:
+        losses, model, graphs = _compiled_run(make_compiled_step, case)
+        if case is STEP_CASES[0]:
+            _check_capture(graphs)
+            n_graphs = len(graphs)
+        for i, got in enumerate(losses, 1):
+            expect(isinstance(got, torch.Tensor) and got.ndim == 0,
+                   f"with {case.label}: step {i}: return the loss as a 0-d tensor (no .item())")
+            expect(not got.requires_grad, f"with {case.label}: step {i}: the returned loss still requires grad: "
+                                          "detach it (the caller must not keep the autograd graph)")
+        runs.append(([float(t) for t in losses], [p.detach().clone() for p in model.parameters()]))
+    for case, (losses, weights) in zip(STEP_CASES, runs):
+        problem = _step_difference((losses, weights), _eager(case), case)
+        if problem:
+            why = next((why for variant, why in _STEP_MISTAKES.items() if all(
+                _step_difference(run, _eager(c, variant), c) is None for run, c in zip(runs, STEP_CASES))), "")
+            raise CheckFailed(f"with {case.label}: {problem}" + (f" -- {why}" if why else ""))
+    return (f"forward, loss and optimizer step captured in {n_graphs} graph(s); losses and weights match eager "
+            f"training on {len(STEP_CASES)} cases (a new batch every step, batch sizes that change, float32 and "
+            "float64, cross-entropy, label smoothing and MSE)")
+
+
+def _step_difference(got: tuple, want: tuple, case: Case) -> str | None:
+    dtype = case.kwargs["dtype"]
+    for i, (a, b) in enumerate(zip(got[0], want[0]), 1):
+        problem = compare(a, b, f"step {i}'s loss", dtype=dtype, scale=10)
+        if problem:
+            return f"{problem} (eager training)"
+    names = [n for n, _ in _tiny_run()[0].named_parameters()]
+    for name, a, b in zip(names, got[1], want[1]):
+        problem = compare(a, b, f"parameter {name} after {len(got[0])} steps", dtype=dtype, scale=10)
+        if problem:
+            return f"{problem} (eager training)"
+    return None
