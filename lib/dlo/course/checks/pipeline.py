@@ -247,7 +247,7 @@ def _real_step(fn: Callable, m: int, chunks: int = 1, layers: int = 2, hidden: i
     expect(not problem, f"with {label}: {problem} (reference: the whole batch's loss.backward() on the same model)")
 
 
-def _order_rule(got: list, want: list, *, chunks: bool = False) -> str:
+def _order_problem(got: list, want: list, *, chunks: bool = False) -> str:
     """How a 1F1B-like order differs from the reference, in words: the warm-up length when it differs (and only
     then), else the first action that differs and what the steady state or the cool-down expects there."""
     if _warmup(got) != _warmup(want):
@@ -329,7 +329,7 @@ def _check_afab(afab_step: Callable) -> str:
 @register("pipeline", "1f1b", ("one_f_one_b_step",), SCRIPT)
 def _check_1f1b(one_f_one_b_step: Callable) -> str:
     cases = _flat_cases()
-    _same_orders(one_f_one_b_step, cases, _1f1b_order, _order_rule,
+    _same_orders(one_f_one_b_step, cases, _1f1b_order, _order_problem,
                  hint="write each forward and each backward as receive, compute, send: the Pipe then posts a send "
                       "with the next receive")
     for m, layers, hidden, seed in ((2, 1, 16, 0), (3, 2, 24, 1), (6, 3, 16, 2)):
@@ -358,7 +358,7 @@ def _expect_value_error(fn: Callable, case: Case) -> None:
 @register("pipeline", "interleaved", ("interleaved_step",), SCRIPT)
 def _check_interleaved(interleaved_step: Callable) -> str:
     valid, invalid = _interleaved_cases()
-    _same_orders(interleaved_step, valid, _interleaved_order, lambda got, want: _order_rule(got, want, chunks=True),
+    _same_orders(interleaved_step, valid, _interleaved_order, lambda got, want: _order_problem(got, want, chunks=True),
                  hint="go step by step: in a steady step ask for both inputs (recv_forward and recv_backward) before "
                       "the two computes, and send both outputs after them")
     for case in invalid:
