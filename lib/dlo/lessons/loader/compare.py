@@ -37,7 +37,7 @@ class _Feed:
 
 def compare_settings(loaders: Mapping[str, Any], compute: Callable[..., Any], *, n_iters: int, items_per_call: int,
                      repeats: int = 5, max_repeats: int | None = None, warmup: bench.Warmup | int = bench.Warmup(),
-                     device: Any = "cpu", progress: bool = False) -> dict[str, Measurement]:
+                     device: Any = "cpu", progress: bool = True) -> dict[str, Measurement]:
     """``{label: Measurement}``: each loader feeding ``compute`` (moving the batch to the device is its job) for
     ``n_iters`` batches per timed call, the loaders timed interleaved. Give loaders with workers
     ``persistent_workers=True``: the turns then measure feeding, not starting processes."""
