@@ -6,10 +6,13 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn.utils import prune
 
 from dlo.course.checks.cases import Case, compare, first_failure, run_student, seeded
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.lessons.inference import distillation_loss as reference
+from dlo.lessons.inference import prune_global
+from dlo.lessons.inference import sparsity as reference_sparsity
 
 INFERENCE_NB = "Jour4/inference.ipynb"
 
@@ -117,10 +120,6 @@ def _sparsity_model(level: float, masks: str, seed: int) -> nn.Module:
     top-level head. Each Conv2d / Linear weight gets about ``level`` of zeros (the layers differ, so the mean of
     the per-layer fractions is not the answer). ``masks``: "none", "one" (prune.l1_unstructured on one layer whose
     weight_orig already has zeros of its own) or "global" (dlo's prune_global, masks kept)."""
-    from torch.nn.utils import prune
-
-    from dlo.lessons.inference import prune_global
-
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     d, h, v = rng.choice([3, 5, 7]), rng.choice([6, 9, 11]), rng.choice([4, 13])
     model = _Tower()
@@ -211,8 +210,6 @@ def _state_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor
 
 @register("inference", "sparsity", ("model_sparsity",), INFERENCE_NB)
 def _check_sparsity(model_sparsity: Callable) -> str:
-    from dlo.lessons.inference import sparsity as reference_sparsity
-
     got = []
     for case in SPARSITY_CASES:
         model = _sparsity_model(**case.kwargs)
