@@ -1,14 +1,17 @@
-"""Worker started by the ``fsdp/dcp`` checker: 2 gloo processes import the student's script, shard the same
-small Llama (FSDP2, one shard per rank), train one step on different data, save with ``save_checkpoint`` and
-load into a differently initialised copy with ``load_checkpoint``.
+"""Worker started by the ``fsdp/dcp`` checker: 2 or 3 gloo processes import the student's script, shard the same
+small Llama-shaped model (:mod:`dlo.course.checks.fsdp_cases`, FSDP2, one shard per rank, widths 3 ranks do not
+divide), train one step on different data, save with ``save_checkpoint`` and load into a differently initialised
+copy with ``load_checkpoint``; every rank's shard of every weight and of every optimizer state (both AdamW moments
+and the step count) must come back as saved.
 
-Usage (through dlo.runtime.launch.launch, nproc=2): ``fsdp_worker.py SCRIPT FOLDER``. ``dcp.save`` and
+Usage (through dlo.course.checks.framework.peer_records): ``fsdp_worker.py SCRIPT FOLDER``. ``dcp.save`` and
 ``dcp.load`` are collective: a rank that calls one while its peer does not would wait for it until the
 process group's timeout. So both are wrapped: before the real call, each rank says in a file store (no
 collective, nothing to pair wrongly) that it got there, and waits a little for every peer either to get there
 too or to leave the student's function without it; a missing peer is reported at once instead of hanging.
 Each rank writes one record ``{"saves": n, "loads": n, "problems": [...], "error": "..."}``.
 """
+import dataclasses
 import datetime
 import sys
 import time
@@ -19,6 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import dlo  # noqa: F401
+from dlo.course.checks import fsdp_cases as cases
 from dlo.course.exercises import load_exercises
 from dlo.parallel import fsdp
 from dlo.runtime.distributed import init_distributed, teardown
@@ -94,11 +98,12 @@ error = None
 try:
     ns = load_exercises(script)
     save_checkpoint, load_checkpoint = ns["save_checkpoint"], ns["load_checkpoint"]
-    model = fsdp.apply_fsdp(fsdp.build_llama(fsdp.SMOKE_LLAMA, seed=0))
+    shape = cases.Shape(22, 2, vocab=35, tie=False, seed=0)
+    model = fsdp.apply_fsdp(cases.TinyLM(shape))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(10 + ctx.rank))
-    fsdp.lm_loss(model(input_ids=ids).logits, ids).backward()
-    opt.step()
+    for step in range(2):
+        cases.loss_of(model, cases.batch(shape, ctx.rank, step)).backward()
+        opt.step()
     ckpt = folder / "ckpt"
     student("save", save_checkpoint, ckpt, model, opt, 7)
     wait_all("save")
@@ -111,7 +116,7 @@ try:
                                 "(get_state_dict(model, optimizer), not full_state_dict) so that each rank writes "
                                 "only its own shard")
                 break
-    other = fsdp.apply_fsdp(fsdp.build_llama(fsdp.SMOKE_LLAMA, seed=5))
+    other = fsdp.apply_fsdp(cases.TinyLM(dataclasses.replace(shape, seed=5)))
     other_opt = torch.optim.AdamW(other.parameters(), lr=1e-3)
     step = student("load", load_checkpoint, ckpt, other, other_opt)
     wait_all("load")
@@ -122,8 +127,11 @@ try:
             problems.append(f"rank {ctx.rank}'s shard of {k} differs after loading")
             break
     sa, sb = opt.state_dict()["state"], other_opt.state_dict()["state"]
-    if len(sa) != len(sb) or any(not torch.equal(local(sa[i]["exp_avg"]), local(sb[i]["exp_avg"])) for i in sa):
-        problems.append(f"rank {ctx.rank}'s shard of the optimizer state (AdamW moments) was not restored")
+    lost = [(i, key) for i in sa for key in sa[i]
+            if i not in sb or key not in sb[i] or not torch.equal(local(sa[i][key]), local(sb[i][key]))]
+    if lost:
+        problems.append(f"rank {ctx.rank}'s shard of the optimizer state was not restored ({lost[0][1]} of "
+                        f"parameter {lost[0][0]}, {len(lost)} entries in all)")
 except Exception as exc:  # noqa: BLE001 - reported to the checker
     error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     for phase in ("save", "load"):  # peers waiting for this rank stop waiting
