@@ -440,9 +440,11 @@ def test_nbval_plugin_gives_late_outputs_a_minute():
 
     class IPyNbCell:  # stands for nbval's item class, matched by name
         output_timeout = 5
+        nodeid = "Jour1/shapes.ipynb::Cell 0"
 
     class Other:
         output_timeout = 5
+        nodeid = "tests/test_x.py::test_y"
 
     items = [IPyNbCell(), Other()]
     _pytest_nbval.pytest_collection_modifyitems(items)

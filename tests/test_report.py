@@ -210,3 +210,24 @@ def test_dlo_report_needs_no_torch(tree, tmp_path):
             f"{str(results)!r}, '--out', {str(tmp_path / 'r.html')!r}]); print(c, 'torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.stdout.split()[-2:] == ["0", "False"], (res.stdout, res.stderr)
+
+
+def test_a_notebook_says_where_it_saved_and_how_to_see_every_result(tmp_path):
+    from dlo.course.report import saved_line
+    from dlo.runtime.paths import RUNS_DIR
+
+    line = saved_line(RUNS_DIR / "jour1" / "results.json")
+    assert line.splitlines()[0] == f"saved {RUNS_DIR / 'jour1' / 'results.json'}"
+    assert "`dlo report`" in line and str(RUNS_DIR / "report.html") in line
+    elsewhere = saved_line(tmp_path / "mine" / "jour1" / "results.json")
+    assert f"`dlo report --runs {tmp_path / 'mine'}`" in elsewhere and str(tmp_path / "mine" / "report.html") in elsewhere
+
+
+def test_every_notebook_ends_by_pointing_at_the_report():
+    import json
+
+    from dlo.course.notebooks import _source, source_notebooks
+
+    for path in source_notebooks():
+        cells = [_source(c) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        assert any("saved_line(" in src for src in cells[-2:]), f"{path}: its results are saved without saved_line"

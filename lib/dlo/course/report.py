@@ -314,3 +314,14 @@ def build_report(runs: Sequence[str | os.PathLike] | None = None, results: str |
 __all__ = ["build_report", "collect", "read_results", "read_references", "cited", "CITED_SECTIONS",
            "BENCHMARK_NOTEBOOKS", "resolve_options", "Run", "NotebookReport", "Reference", "CheckRow", "Figure",
            "one_line"]
+
+
+def saved_line(results_json: str | os.PathLike) -> str:
+    """What a notebook prints when it has saved its results: the file, and how to see it beside the other runs and
+    the references (``dlo report``, with ``--runs`` when the run went to another folder than runs/)."""
+    path = Path(results_json)
+    runs = path.parent.parent
+    same = runs.resolve() == RUNS_DIR.resolve()
+    command = "dlo report" if same else f"dlo report --runs {runs}"
+    return (f"saved {path}\nOne page of every result, beside the references and the recorded GPU runs: "
+            f"`{command}` (writes {runs / 'report.html'})")
