@@ -95,3 +95,25 @@ def test_tolerance_follows_the_dtype():
     assert compare(x + 0.01, x, "v", dtype=torch.bfloat16) is None  # within bfloat16's rounding
     assert compare(x + 0.01, x, "v") is not None  # not within float32's
     assert tolerance(torch.float64) < tolerance(torch.float32) < tolerance(torch.bfloat16)
+
+
+def test_judge_names_a_mistake_only_when_its_formula_gives_the_answer_on_every_case():
+    from dlo.course.checks.cases import judge
+
+    def draw(rng):
+        n = rng.randint(1, 50)
+        return Case(f"n={n}", {"n": n}, size=n)
+
+    cases = seeded(draw, 8, seed=1)
+
+    def reference(n):
+        return n * (n + 1) // 2
+
+    mistakes = [(lambda n: n * n // 2, "n * n / 2: the last term counted once too few")]
+    with pytest.raises(CheckFailed, match=r"^with n=\d+: the result is \d+, expected \d+: n \* n / 2"):
+        judge(cases, lambda n: n * n // 2, reference, mistakes)
+    # wrong in the same places, but not that formula everywhere: the case and the difference only, no guess
+    with pytest.raises(CheckFailed) as info:
+        judge(cases, lambda n: n * n // 2 if n % 2 else n * n // 2 + 1, reference, mistakes)
+    assert "n * n / 2" not in str(info.value) and str(info.value).startswith("with n=")
+    assert judge(cases, lambda n: sum(range(n + 1)), reference, mistakes) == len(cases)

@@ -11,7 +11,7 @@ from dlo.data import augment
 from dlo.course.checks.augment_cases import (ACCURACY_MISTAKES, BOX_MISTAKES, accuracy_cases, accuracy_reference,
                                              accuracy_same, box_cases, box_reference, box_same, mixup_cases)
 from dlo.course.checks.augment_mixup import check_mixup_cases
-from dlo.course.checks.signatures import judge
+from dlo.course.checks.cases import judge
 from dlo.data.augment import cutmix_reference, random_partners, sample_beta, sample_mix_params
 
 AUGMENT_NB = "Jour2/augment.ipynb"

@@ -5,7 +5,9 @@ smallest first, the same on every run), runs both functions on each case with :f
 with ``grads=True`` the gradients of every floating-point input that autograd reaches), and turns the first
 difference into one line that names the case: ``with fp32, batch 3, length 5: out differs by 0.12 at [1, 0]
 (got 0.5, expected 0.38)``. A checker that knows a mistake from its signature names it before falling back on
-this line; the fallback never guesses at a cause.
+this line; the fallback never guesses at a cause. :func:`judge` does both: at the first case where the answer
+differs, it names a known wrong formula only if that formula gives the answer's output on EVERY case tried (not
+only the failing one); otherwise the message is the case and the difference alone, right for any answer.
 
 Why a small seeded generator and not Hypothesis: a check runs inside a student's notebook, where Hypothesis'
 database, health checks and shrinking time are out of place, and it must give the same smallest failing case on
@@ -203,4 +205,49 @@ def expect_same(cases: Sequence[Case], student: Callable[..., Any], reference: C
     if failure:
         case, problem = failure
         raise CheckFailed(f"with {case.label}: {problem}")
+    return len(cases)
+
+
+#: A known mistake: a function with the exercise's signature that computes the wrong formula, and what to say.
+Mistake = tuple[Callable[..., Any], str]
+#: (got, want, case) -> one line, or None when they match.
+Judge = Callable[[Any, Any, Case], "str | None"]
+
+
+def _default(got: Any, want: Any, case: Case) -> str | None:
+    return compare(got, want, "the result")
+
+
+def _gives(variant: Callable[..., Any], case: Case, got: Any, same: Judge) -> bool:
+    try:
+        return same(got, variant(**copy.deepcopy(case.kwargs)), case) is None
+    except Exception:  # noqa: BLE001 - a formula that cannot run on this case is not the answer's signature
+        return False
+
+
+def matching_mistake(cases: Sequence[Case], outputs: Sequence[Any], mistakes: Sequence[Mistake],
+                     same: Judge = _default) -> str | None:
+    """The message of the first mistake whose formula gives ``outputs`` on every case, or None."""
+    for variant, message in mistakes:
+        if all(_gives(variant, case, got, same) for case, got in zip(cases, outputs)):
+            return message
+    return None
+
+
+def judge(cases: Sequence[Case], student: Callable[..., Any], reference: Callable[..., Any],
+          mistakes: Sequence[Mistake] = (), *, same: Judge = _default) -> int:
+    """Raise :class:`CheckFailed` ``with <case>: <difference>[: <known mistake>]`` at the first case where the
+    student's output differs from the reference's (``same`` says how they differ); return how many cases were tried.
+    A known mistake is named only if its formula gives the student's output on every case."""
+    for case in cases:
+        got = run_student(student, case)
+        problem = same(got, reference(**copy.deepcopy(case.kwargs)), case)
+        if problem is None:
+            continue
+        try:
+            outputs = [run_student(student, c) for c in cases]
+        except CheckFailed:
+            outputs = None  # it raises on some other case: no formula of ours is its signature
+        named = matching_mistake(cases, outputs, mistakes, same) if outputs is not None else None
+        raise CheckFailed(f"with {case.label}: {problem}" + (f": {named}" if named else ""))
     return len(cases)

@@ -9,7 +9,7 @@ test-time augmentation, each against a reference on generated cases (:mod:`.reci
   it), which is checked instead of gradients.
 - tta: :func:`dlo.training.evaluate.tta_probabilities` on odd and square images, one row, a batch of 1, float32,
   float64 and bfloat16 models. TTA is inference: no gradients to compare.
-A known mistake is named only when its formula gives the answer's output on every case tried (:mod:`.signatures`).
+A known mistake is named only when its formula gives the answer's output on every case tried (:func:`.cases.judge`).
 """
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from typing import Any, Callable
 
 import torch
 
-from dlo.course.checks.cases import Case, compare
+from dlo.course.checks.cases import Case, compare, judge
 from dlo.course.checks.framework import CheckFailed, expect, register
 from dlo.course.checks.recipes_cases import EmaRun, ema_runs, ema_tolerance, resize_cases, tta_cases
-from dlo.course.checks.signatures import judge
 from dlo.training.callbacks import resolution_at as reference
 from dlo.training.evaluate import tta_probabilities
 

@@ -6,7 +6,7 @@ per element, and square shapes just below and just above the ridge point of seve
 roofline bounds on several GPUs and precisions at, just below and just above each knee, far from it and at 0; padding
 on every side of a multiple (n = qk - 1, qk, qk + 1), k not a power of two, k = 1, n = 1, n < k and n beyond float
 precision. The values are Python numbers: there are no gradients to compare. A known mistake is named only when its
-formula gives the student's output on every case (:mod:`.signatures`), otherwise the message is the case and the
+formula gives the student's output on every case (:func:`.cases.judge`), otherwise the message is the case and the
 difference.
 """
 from __future__ import annotations
@@ -16,9 +16,8 @@ import numbers
 import random
 from typing import Any, Callable
 
-from dlo.course.checks.cases import Case, compare, seeded
+from dlo.course.checks.cases import Case, compare, judge, seeded
 from dlo.course.checks.framework import register
-from dlo.course.checks.signatures import judge
 from dlo.measure import roofline as lib
 from dlo.measure.flops import GPU_PEAKS
 
