@@ -212,8 +212,10 @@ def test_checkers_report_a_wrong_schedule():
     from dlo.course import checks
     from dlo.parallel.pipeline import afab_step
 
-    with pytest.raises(checks.CheckFailed, match=r"4 forward\(s\) before the first backward, this stage needs 2"):
-        checks.check("pipeline", "1f1b", one_f_one_b_step=afab_step)  # AFAB is not 1F1B
+    # AFAB is not 1F1B: shown on the smallest case where they differ, one stage and two micro-batches
+    with pytest.raises(checks.CheckFailed, match=r"with p=1 stage, m=2 micro-batches, rank 0: 2 forward\(s\) before "
+                                                 r"the first backward, this stage needs 1"):
+        checks.check("pipeline", "1f1b", one_f_one_b_step=afab_step)
 
     def forgets_backward(pipe):
         pipe.send_forward(0, pipe.forward_compute(0, pipe.recv_forward(0)))
