@@ -52,16 +52,20 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/dlo run Jour1/jour1.ipynb --profile $(PROFILE)
 
-# `make test` = what CI runs, in three stages:
+# `make test` = what CI runs, in four stages:
 # 1. unit and distributed tests, two at a time (pytest-xdist): a file stays on one worker (its tests may share module
 #    fixtures);
-# 2. the notebooks, NOTEBOOK_WORKERS units at a time in one pytest-xdist session: every course notebook executed in the
-#    smoke profile by nbval (a notebook is one unit: its cells run in order in one kernel), every notebook's full
-#    profile rehearsed on the CPU (profile "dry", see test-dry below) and the wrong-answer corpus (~600 independent
-#    answers). dlo.course.nbval_plugin orders the units longest first, so that the short corpus tests fill the end;
-#    the rehearsals spend much of their time starting processes and waiting for them, so three units at a time keep
-#    two cores busy. OMP_WAIT_POLICY=PASSIVE keeps the OpenMP threads of one unit from spinning while another computes;
-# 3. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json
+# 2. the wrong-answer corpus (~875 independent answers) and every notebook's full profile rehearsed on the CPU
+#    (profile "dry", see test-dry below; without the exercise checks, which stage 3 runs), spread one test at a time
+#    over REHEARSAL_WORKERS workers, the rehearsals (a minute or more each) first: they spend much of their time
+#    starting processes and waiting for them, so three at a time keep two cores busy;
+# 3. every course notebook executed in the smoke profile by nbval, NBVAL_WORKERS notebooks at a time (each notebook
+#    stays in one kernel, the longest first: dlo.course.nbval_plugin); OMP_WAIT_POLICY=PASSIVE keeps the OpenMP
+#    threads of one from spinning while another computes. It runs after the rehearsals on purpose: the smoke and dry
+#    profiles compile the same graphs (Jour 1's torch.compile step, jit), and the second finds them in Inductor's
+#    cache (.cache/torchinductor). Stages 2 and 3 run as one session of three workers measured 3 min longer on 2
+#    cores: both compiled cold at the same time, and the machine had no idle time left to fill;
+# 4. every sentence the notebooks wrote about a measured outcome, derived again from their fresh results.json
 #    (tests/test_conclusions.py), and the claims pinned in tests/test_prose_claims.py read on those results.
 # Each test worker (and each process it starts, unless it sets its own) gets cores / workers threads
 # (OMP_NUM_THREADS; at least 1): workers that each use every core fight for them, and on small tensors the extra
@@ -70,7 +74,7 @@ run: $(STAMP)
 # dlo.runtime.launch): started by torchrun, each rank would spend seconds importing torch, and the notebooks and tests
 # start hundreds of ranks. torchrun itself, what students and batch jobs use, is tested by tests/test_launcher.py and
 # tests/test_jour2.py, which set it back.
-NOTEBOOK_WORKERS ?= 3
+NBVAL_WORKERS ?= 2
 TEST_WORKERS ?= 2
 REHEARSAL_WORKERS ?= 3
 # the cores this process may use (nproc alone would obey an OMP_NUM_THREADS already set)
@@ -80,11 +84,13 @@ test: $(STAMP)
 	OMP_NUM_THREADS=$(call threads_per,$(TEST_WORKERS)) DLO_LAUNCHER=fork \
 	    $(VENV)/bin/python -m pytest tests --ignore=tests/test_wrong_answers.py --ignore=tests/test_dry_profiles.py \
 	    -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
-	OMP_NUM_THREADS=$(call threads_per,$(NOTEBOOK_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 \
-	    DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax --nbval-kernel-name dlo \
-	    -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NOTEBOOK_WORKERS) \
-	    --durations=30 $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") \
-	    tests/test_dry_profiles.py tests/test_wrong_answers.py $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(call threads_per,$(REHEARSAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork DLO_DRY_PROFILES=1 \
+	    $(VENV)/bin/python -m pytest tests/test_dry_profiles.py tests/test_wrong_answers.py -q -n $(REHEARSAL_WORKERS) \
+	    --dist load --maxschedchunk 1 --durations=25 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$(call threads_per,$(NBVAL_WORKERS)) OMP_WAIT_POLICY=PASSIVE DLO_LAUNCHER=fork \
+	    DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest --nbval-lax \
+	    --nbval-kernel-name dlo -p no:cacheprovider -p dlo.course.nbval_plugin -n $(NBVAL_WORKERS) \
+	    --durations=15 $$($(PY) -c "from dlo.course.notebooks import source_notebooks; print(' '.join(str(p) for p in source_notebooks()))") $(PYTEST_ARGS)
 	DLO_RUNS_DIR=$(CURDIR)/runs/nbval $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_conclusions.py tests/test_prose_claims.py
 
 # Every notebook's full profile rehearsed on a CPU (profile "dry": the full lists and branches, sizes scaled down),

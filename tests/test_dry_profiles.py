@@ -6,7 +6,7 @@ Running it finds, in minutes on a CPU, a crash that only the full profile reache
 GPU-only calls (CUDA events, NCCL, cudnn.benchmark, fp8) are not run here: they sit behind small functions
 tested on their own, and ``dlo gpu-check`` runs them on a GPU node.
 
-Run by ``make test`` (its notebook stage, beside the smoke runs and the wrong-answer corpus) and ``make test-dry``; skipped otherwise,
+Run by ``make test`` (its second stage, beside the wrong-answer corpus) and ``make test-dry``; skipped otherwise,
 since each notebook starts its own Python and takes from seconds to two minutes.
 Multi-process launches fork their ranks (``DLO_LAUNCHER=fork``, :func:`dlo.runtime.launch.launch`): a rehearsal
 starts dozens of short runs, and torchrun would spend most of their time importing torch in every rank. torchrun
@@ -32,8 +32,8 @@ from dlo.runtime.paths import ROOT
 if not os.environ.get("DLO_DRY_PROFILES"):
     pytest.skip("full-profile rehearsals: run them with `make test-dry`", allow_module_level=True)
 
-# The longest rehearsals first, so that none of them starts last and runs alone at the end (`make test-dry`; `make
-# test` orders its whole notebook stage with dlo.course.nbval_plugin). Measured on a 2-core CPU: hpo 220 s, jour1 90 s (more with a cold Inductor cache, as jit), fsdp, pipeline and
+# The longest rehearsals first, so that none of them starts last and runs alone at the end. Measured in make test's
+# second stage on a 2-core CPU: hpo 220 s, jour1 90 s (more with a cold Inductor cache, as jit), fsdp, pipeline and
 # the race 55-60 s, inference 45 s; the others 10-35 s.
 LONGEST_FIRST = ("Jour4/hpo.ipynb", "Jour1/jour1.ipynb", "tp_fsdp/fsdp.ipynb", "tp_pipeline/pipeline.ipynb",
                  "Jour4/cifar_race.ipynb", "Jour4/inference.ipynb", "Jour3/jit.ipynb")

@@ -30,16 +30,16 @@ def _variable(command: str, name: str) -> str | None:
 
 def test_make_test_runs_every_stage_and_rehearses_the_full_profiles():
     commands = _pytest_commands()
-    assert len(commands) == 3, commands
-    unit, notebooks, conclusions = commands
+    assert len(commands) == 4, commands
+    unit, rehearsals, nbval, conclusions = commands
     assert "--ignore=tests/test_dry_profiles.py" in unit and "--ignore=tests/test_launcher.py" not in unit
     assert "--ignore=tests/test_wrong_answers.py" in unit
     # the rehearsals are skipped unless DLO_DRY_PROFILES is set: the stage must set it
-    assert "tests/test_dry_profiles.py" in notebooks and _variable(notebooks, "DLO_DRY_PROFILES") == "1"
-    assert "tests/test_wrong_answers.py" in notebooks
-    assert "--nbval-lax" in notebooks and "source_notebooks()" in notebooks
-    # the plugin that keeps a notebook's cells on one worker (its scheduler) and orders the units longest first
-    assert "-p dlo.course.nbval_plugin" in notebooks
+    assert "tests/test_dry_profiles.py" in rehearsals and _variable(rehearsals, "DLO_DRY_PROFILES") == "1"
+    assert "tests/test_wrong_answers.py" in rehearsals
+    assert "--nbval-lax" in nbval and "source_notebooks()" in nbval
+    # the plugin that keeps a notebook's cells on one worker (its scheduler) and hands out the longest first
+    assert "-p dlo.course.nbval_plugin" in nbval
     assert "tests/test_conclusions.py" in conclusions
     assert "--dist loadfile" in unit  # tests/conftest.py keeps a file per scope, the heavy ones in one
 
@@ -56,8 +56,9 @@ def test_the_heavy_files_exist_and_share_one_scope():
 @pytest.mark.parametrize("workers", ["1", "2", "3", "64"])
 def test_each_worker_gets_cores_over_workers_threads_and_ranks_are_forked(workers):
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    unit, notebooks, _ = _pytest_commands(TEST_WORKERS=workers, NOTEBOOK_WORKERS=workers)
-    for command in (unit, notebooks):
+    unit, rehearsals, nbval, _ = _pytest_commands(TEST_WORKERS=workers, REHEARSAL_WORKERS=workers,
+                                                  NBVAL_WORKERS=workers)
+    for command in (unit, rehearsals, nbval):
         assert f"-n {workers} " in command, command
         assert _variable(command, "OMP_NUM_THREADS") == str(max(1, cores // int(workers))), command
         assert _variable(command, "DLO_LAUNCHER") == "fork", command
