@@ -77,7 +77,7 @@ def test_ray_tune_with_pbt_checkpoints_runs_and_shuts_down(tmp_path):
     rec = _run("ray_tune_pbt.py", str(tmp_path))
     assert rec["num_cpus"] == 2 and rec["seconds"] > 0
     assert rec["errors"] == 0 and rec["trials"] == 2
-    assert rec["complete"] == 2 and rec["epochs_trained"] >= 8
+    assert rec["complete"] == 2 and rec["epochs_trained"] >= 10  # 5 epochs each
     # every trial reported through the callback (not r.metrics["trial_id"]: after a PBT exploit a trial's last
     # result may carry its donor's id)
     assert rec["recorded_trials"] == 2 and rec["recorded_trials_in_results"] == 2
