@@ -90,6 +90,21 @@ def test_compare_names_shape_dtype_and_position():
     assert compare(torch.tensor([1, 2]), torch.tensor([1, 3]), "idx") == "idx differs at [1] (got 2, expected 3)"
 
 
+def test_of_largest_allows_a_fraction_of_the_largest_value_everywhere():
+    """Weights after a step: each element may move by ``of_largest`` times the largest magnitude, so a tiny weight
+    with a large relative error passes, a difference above that fraction does not, and a NaN never does."""
+    want = {"w": torch.tensor([100.0, 1e-3, -2.0], dtype=torch.float64)}
+    near = {"w": want["w"] + torch.tensor([0.0, 5e-3, 0.0], dtype=torch.float64)}  # 500 % of 1e-3, 5e-5 of 100
+    assert compare(near, want, "state", of_largest=1e-4) is None
+    assert compare(near, want, "state") is not None  # element-wise, the small weight is far off
+    far = {"w": want["w"] + torch.tensor([0.0, 0.0, 0.02], dtype=torch.float64)}  # 2e-4 of the largest
+    assert compare(far, want, "state", of_largest=1e-4) == "state['w'] differs by 0.02 at [2] (got -1.98, expected -2)"
+    nan = {"w": torch.tensor([100.0, float("nan"), -2.0], dtype=torch.float64)}
+    assert "expected 0.001" in compare(nan, want, "state", of_largest=1e-4)
+    assert compare({"w": want["w"].float()}, want, "state", of_largest=1.0) == \
+        "state['w'] is torch.float32, expected torch.float64"
+
+
 def test_tolerance_follows_the_dtype():
     x = torch.tensor([1.0])
     assert compare(x + 0.01, x, "v", dtype=torch.bfloat16) is None  # within bfloat16's rounding

@@ -61,11 +61,14 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None, scale: float = 1.0) -> str | None:
+def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None, scale: float = 1.0,
+            of_largest: float | None = None) -> str | None:
     """None when ``got`` matches ``want``; else one line saying where they differ. Tensors are compared by shape,
     dtype and values (within :func:`tolerance` of the expected dtype or ``dtype``); numbers within the same
     tolerance; tuples, lists and dicts element by element (the first difference is named by its index or key);
-    anything else by equality."""
+    anything else by equality. ``of_largest``: a floating-point tensor's values are instead allowed that fraction of
+    the expected tensor's largest magnitude (weights after a step: a sum taken in another order moves every element
+    by about the same amount, so the small ones by a large relative error)."""
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"{what} is {type(got).__name__}, expected a tensor"
@@ -81,6 +84,8 @@ def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None,
             return None
         rtol, atol = tolerance(dtype or want.dtype, scale)
         g, w = got.detach().double().cpu(), want.detach().double().cpu()
+        if of_largest is not None:
+            rtol, atol = 0.0, of_largest * max(float(w.abs().nan_to_num(0.0, 0.0, 0.0).max()) if w.numel() else 0.0, 1e-6)
         finite_w = torch.isfinite(w)
         if not bool((torch.isfinite(g) == finite_w).all()):
             at = tuple(int(i) for i in (torch.isfinite(g) != finite_w).nonzero()[0])
@@ -106,7 +111,7 @@ def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None,
             n = len(got) if isinstance(got, (tuple, list)) else type(got).__name__
             return f"{what} has {n} items, expected {len(want)}"
         for i, (a, b) in enumerate(zip(got, want)):
-            problem = compare(a, b, f"{what}[{i}]", dtype=dtype, scale=scale)
+            problem = compare(a, b, f"{what}[{i}]", dtype=dtype, scale=scale, of_largest=of_largest)
             if problem:
                 return problem
         return None
@@ -115,7 +120,7 @@ def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None,
             keys = sorted(got) if isinstance(got, dict) else type(got).__name__
             return f"{what} has keys {keys}, expected {sorted(want)}"
         for key in want:
-            problem = compare(got[key], want[key], f"{what}[{key!r}]", dtype=dtype, scale=scale)
+            problem = compare(got[key], want[key], f"{what}[{key!r}]", dtype=dtype, scale=scale, of_largest=of_largest)
             if problem:
                 return problem
         return None

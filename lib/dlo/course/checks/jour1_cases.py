@@ -161,27 +161,12 @@ def run_steps(fn: Callable, s: dict, call: Callable[[Callable, Run, tuple], Any]
     return run, state
 
 
-def _tensor_difference(key: str, g: torch.Tensor, w: torch.Tensor, rel: float) -> str | None:
-    """Within ``rel`` of the expected tensor's largest value (float rounding of the same computation, summed in
-    another order); an inf or NaN where the reference has a finite value is a difference."""
-    size = max(float(w.abs().max()) if w.numel() else 0.0, 1e-6)
-    err = (g.double() - w.double()).abs().nan_to_num(float("inf"), float("inf"))
-    err = torch.where(torch.isfinite(w.double()) | (g.double() != w.double()), err, torch.zeros_like(err))
-    if float(err.max()) <= rel * size:
-        return None
-    at = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
-    return (f"{key} differs by {float(err[at]):.3g} at {list(at)} (got {float(g[at]):.4g}, expected "
-            f"{float(w[at]):.4g})")
-
-
 def first_difference(got: dict, want: dict, rel: float = 1e-4) -> str | None:
     """The first entry, in the order the steps left them, where ``got`` differs from ``want``."""
     for key, w in want.items():
         g = got.get(key)
-        same_kind = isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor) and g.shape == w.shape \
-            and g.dtype == w.dtype and w.is_floating_point()
-        if same_kind and "loss" not in key:
-            problem = _tensor_difference(key, g, w, rel)
+        if isinstance(w, torch.Tensor) and "loss" not in key:  # weights, buffers: relative to the largest value
+            problem = compare(g, w, key, of_largest=rel)
         else:
             problem = compare(g, w, key, dtype=torch.float32, scale=10)
         if problem:
