@@ -157,7 +157,10 @@ def _broadcast_once(broadcast_state: Callable, setup: Setup, rank: int, world: i
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, {"calls": len(calls), "srcs": srcs})
     counts = [e["calls"] for e in everyone]
-    _expect(any(counts), "dist.broadcast was never called: every parameter and buffer must come from rank 0")
+    if not any(counts):  # sent another way (dist.broadcast_object_list, ...): judged by what every rank ends with
+        _real_broadcast(broadcast_state, setup, rank, " (dist.broadcast was never called: every parameter and buffer "
+                                                      "must come from rank 0)")
+        return
     _expect(len(set(counts)) == 1,
             f"the ranks called dist.broadcast {counts} times: every rank must call it, the same number of times "
             "(rank 0 sends, the others receive; a broadcast on rank 0 only waits forever)")
@@ -181,9 +184,20 @@ def _broadcast_once(broadcast_state: Callable, setup: Setup, rank: int, world: i
     _expect(not missing_b, f"buffers {missing_b} did not receive rank 0's values: buffers (BatchNorm's running "
                            "statistics) are state too, and DDP broadcasts them (model.buffers())")
     # 2. for real: every rank must end with rank 0's state
+    _real_broadcast(broadcast_state, setup, rank)
+
+
+def _real_broadcast(broadcast_state: Callable, setup: Setup, rank: int, why: str = "") -> None:
+    """``broadcast_state`` with real communication: every rank must end with rank 0's parameters and buffers. The
+    ranks agree on the verdict (rank 0 always holds its own state), so that all of them stop at the same check."""
     model = _broadcast_model(setup, rank)
     reference = _broadcast_model(setup, 0)
     with _RecordedBroadcasts(receive=False).active():
         broadcast_state(model)
-    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
-        _expect(torch.equal(got, want), f"after the broadcasts, {name} differs from rank 0's")
+    wrong = next((name for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values())
+                  if not torch.equal(got, want)), None)
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, wrong)
+    first = next(((r, name) for r, name in enumerate(everyone) if name is not None), None)
+    _expect(first is None, f"after the broadcasts, {first[1]} differs from rank 0's on rank {first[0]}{why}"
+            if first else "")
