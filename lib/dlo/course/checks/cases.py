@@ -85,7 +85,8 @@ def compare(got: Any, want: Any, what: str, *, dtype: torch.dtype | None = None,
         rtol, atol = tolerance(dtype or want.dtype, scale)
         g, w = got.detach().double().cpu(), want.detach().double().cpu()
         if of_largest is not None:
-            rtol, atol = 0.0, of_largest * max(float(w.abs().nan_to_num(0.0, 0.0, 0.0).max()) if w.numel() else 0.0, 1e-6)
+            largest = float(w.abs().nan_to_num(0.0, 0.0, 0.0).max()) if w.numel() else 0.0
+            rtol, atol = 0.0, of_largest * max(largest, 1e-6)
         finite_w = torch.isfinite(w)
         if not bool((torch.isfinite(g) == finite_w).all()):
             at = tuple(int(i) for i in (torch.isfinite(g) != finite_w).nonzero()[0])

@@ -1,10 +1,10 @@
-"""Worker started by the ``tp`` checkers: 4 gloo processes import the student's tp_balises.py and check every
-balise that needs real peers, in one run (process start-up is the expensive part).
+"""Worker started by the ``tp`` checkers: 4 gloo processes import the student's tp_balises.py and check the balises
+that need real peers.
 
 Usage (through dlo.runtime.launch.launch, nproc=4): ``tp_worker.py SCRIPT [N ...]``: the balises N (1..12) to check,
 every one when none is given. A checker asks for its own balise only: the groups cost a tenth of a second, the twelve
-checks together about 2.5 s on 2 cores, and a student's script changes between two checks anyway. The worker builds its own groups with
-``dist.new_group`` so that balises 1-8 are checked whatever balises 9-10 do: TP groups {0, 2} {1, 3} (strided, so
+checks together about 2.5 s on 2 cores, and a student's script changes between two checks anyway.
+The worker builds its own groups with ``dist.new_group`` so that balises 1-8 are checked whatever balises 9-10 do: TP groups {0, 2} {1, 3} (strided, so
 that the rank in the group is neither the rank in the world nor the world rank modulo tp) and DP groups {0, 1}
 {2, 3} of a 2 x 2 TP x DP layout, an explicit group of the 4 processes (tp = 4), the subset {0, 2, 3} (tp = 3;
 rank 1 meanwhile runs the same case alone) and a group of one per process (tp = 1). Any collective that ignores its

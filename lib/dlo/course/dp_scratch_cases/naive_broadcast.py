@@ -198,6 +198,5 @@ def _real_broadcast(broadcast_state: Callable, setup: Setup, rank: int, why: str
                   if not torch.equal(got, want)), None)
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, wrong)
-    first = next(((r, name) for r, name in enumerate(everyone) if name is not None), None)
-    _expect(first is None, f"after the broadcasts, {first[1]} differs from rank 0's on rank {first[0]}{why}"
-            if first else "")
+    for r, name in enumerate(everyone):
+        _expect(name is None, f"after the broadcasts, {name} differs from rank 0's on rank {r}{why}")
